@@ -1,0 +1,289 @@
+//! The trace file as a memory-mapped region, and how chunk space is handed out.
+//!
+//! The whole file is mapped once at a large virtual length (`max_bytes`) and never remapped, so
+//! threads keep raw pointers into it for the life of the recorder. Only the part of the file
+//! that was preallocated with `posix_fallocate` is ever touched: a write past the end of a
+//! mapped file raises SIGBUS, and a write into a sparse hole on a full disk does too, so blocks
+//! are allocated before a chunk is handed out, never after.
+//!
+//! Space comes from two places:
+//! - the bump region: one atomic `fetch_add` per chunk; the file grows behind it in steps;
+//! - in ring mode, a fixed array of slots for event chunks, claimed round-robin.
+//!
+//! Closing is folded into the bump counter (`CLOSED` bit), so a reservation and `close` are
+//! ordered by one atomic: a reservation either lands below the final data end or fails.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Mutex;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::RecorderError;
+
+const CLOSED: u64 = 1 << 63;
+/// Smallest growth step; steps double up to [`MAX_GROW_STEP`] so a long run makes few syscalls.
+const MIN_GROW_STEP: u64 = 4 << 20;
+const MAX_GROW_STEP: u64 = 256 << 20;
+
+const SLOT_FREE: u8 = 0;
+const SLOT_OWNED: u8 = 1;
+
+pub(crate) struct MappedFile {
+    path: PathBuf,
+    file: File,
+    map: MmapRaw,
+    max_bytes: u64,
+    /// Bytes of the file preallocated so far; everything below may be written.
+    committed: AtomicU64,
+    /// Next free offset of the bump region, with the CLOSED bit once closed.
+    bump: AtomicU64,
+    grow_step: Mutex<u64>,
+    failed: AtomicBool,
+    ring: Option<Ring>,
+}
+
+struct Ring {
+    start: u64,
+    slot_len: u64,
+    cursor: AtomicU64,
+    /// Which slots a live thread is writing; process-local, the file has no say in ownership.
+    owned: Box<[AtomicU8]>,
+}
+
+/// A region handed out for one chunk.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Region {
+    pub offset: u64,
+    pub len: u64,
+    /// Ring slot index, for release.
+    pub slot: Option<usize>,
+}
+
+impl MappedFile {
+    /// Creates (truncating) the file and maps it. `fixed_len` bytes from offset 0 (prelude,
+    /// header, footer slot and the ring, if any) are preallocated at once.
+    pub fn create(
+        path: &Path,
+        fixed_len: u64,
+        ring: Option<(u64, u64, u64)>,
+        max_bytes: u64,
+    ) -> Result<MappedFile, RecorderError> {
+        let err = |what: &'static str, e: std::io::Error| RecorderError::Io {
+            path: path.to_path_buf(),
+            what,
+            source: e,
+        };
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| err("create", e))?;
+        if fixed_len > max_bytes {
+            return Err(RecorderError::Config(format!(
+                "the fixed part of the trace ({fixed_len} bytes) exceeds max_bytes ({max_bytes})"
+            )));
+        }
+        let map = MmapOptions::new()
+            .len(max_bytes as usize)
+            .map_raw(&file)
+            .map_err(|e| err("map", e))?;
+        let ring = ring.map(|(start, slot_len, slots)| Ring {
+            start,
+            slot_len,
+            cursor: AtomicU64::new(0),
+            owned: (0..slots).map(|_| AtomicU8::new(SLOT_FREE)).collect(),
+        });
+        let mapped = MappedFile {
+            path: path.to_path_buf(),
+            file,
+            map,
+            max_bytes,
+            committed: AtomicU64::new(0),
+            bump: AtomicU64::new(fixed_len),
+            grow_step: Mutex::new(MIN_GROW_STEP),
+            failed: AtomicBool::new(false),
+            ring,
+        };
+        mapped
+            .allocate(fixed_len + MIN_GROW_STEP.min(max_bytes - fixed_len))
+            .map_err(|e| err("preallocate", e))?;
+        Ok(mapped)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn base(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    /// Writes `bytes` at `offset`, which the caller reserved.
+    pub fn write_at(&self, offset: u64, bytes: &[u8]) {
+        debug_assert!(offset + bytes.len() as u64 <= self.committed.load(Ordering::Relaxed));
+        // SAFETY: the range lies in a region this caller reserved, below `committed`, inside the
+        // mapping; no other thread writes it.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                self.base().add(offset as usize),
+                bytes.len(),
+            )
+        };
+    }
+
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `len` bytes (a multiple of 8) in the bump region. `None` once closed or after a
+    /// failure to grow the file; the caller counts what it then drops.
+    pub fn reserve(&self, len: u64) -> Option<Region> {
+        debug_assert_eq!(len % 8, 0);
+        if self.has_failed() {
+            return None;
+        }
+        let offset = self.bump.fetch_add(len, Ordering::Relaxed);
+        if offset & CLOSED != 0 {
+            return None;
+        }
+        let end = offset + len;
+        if end > self.committed.load(Ordering::Acquire) && !self.grow_to(end) {
+            return None;
+        }
+        Some(Region {
+            offset,
+            len,
+            slot: None,
+        })
+    }
+
+    /// Claims the next ring slot that no live thread is writing. The previous content of the
+    /// slot (the oldest chunk) is overwritten by the caller.
+    pub fn claim_slot(&self) -> Option<Region> {
+        let ring = self.ring.as_ref()?;
+        if self.has_failed() || self.bump.load(Ordering::Relaxed) & CLOSED != 0 {
+            return None;
+        }
+        let n = ring.owned.len() as u64;
+        // At most one lap: if every slot is owned, there are more writer threads than slots.
+        for _ in 0..n {
+            let idx = (ring.cursor.fetch_add(1, Ordering::Relaxed) % n) as usize;
+            if ring.owned[idx]
+                .compare_exchange(SLOT_FREE, SLOT_OWNED, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Some(Region {
+                    offset: ring.start + idx as u64 * ring.slot_len,
+                    len: ring.slot_len,
+                    slot: Some(idx),
+                });
+            }
+        }
+        None
+    }
+
+    pub fn release_slot(&self, region: &Region) {
+        if let (Some(ring), Some(idx)) = (&self.ring, region.slot) {
+            // Release: the chunk's bytes are written before another thread may claim the slot.
+            ring.owned[idx].store(SLOT_FREE, Ordering::Release);
+        }
+    }
+
+    pub fn is_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    fn grow_to(&self, end: u64) -> bool {
+        let mut step = match self.grow_step.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let committed = self.committed.load(Ordering::Acquire);
+        if end <= committed {
+            return true;
+        }
+        if self.has_failed() {
+            return false;
+        }
+        if end > self.max_bytes {
+            self.fail(&format!(
+                "the trace reached its size limit of {} bytes (RecorderConfig::max_bytes)",
+                self.max_bytes
+            ));
+            return false;
+        }
+        let target = (end.max(committed + *step)).min(self.max_bytes);
+        match self.allocate(target) {
+            Ok(()) => {
+                *step = (*step * 2).min(MAX_GROW_STEP);
+                true
+            }
+            Err(e) => {
+                self.fail(&format!("could not grow it to {target} bytes: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Preallocates the file up to `len` bytes and publishes the new committed length.
+    fn allocate(&self, len: u64) -> std::io::Result<()> {
+        let committed = self.committed.load(Ordering::Acquire);
+        if len <= committed {
+            return Ok(());
+        }
+        // SAFETY: plain syscall on a descriptor we own.
+        let rc = unsafe {
+            libc::posix_fallocate(
+                self.file.as_raw_fd(),
+                committed as libc::off_t,
+                (len - committed) as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+        // Release: threads that see the new length may write below it.
+        self.committed.store(len, Ordering::Release);
+        Ok(())
+    }
+
+    fn fail(&self, why: &str) {
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            eprintln!(
+                "poolsight: recording to {} stopped: {why}; later events are dropped and counted",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Stops all further reservations and returns the end of the bump region.
+    pub fn close(&self) -> u64 {
+        self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+    }
+
+    /// Flushes the mapping and trims the preallocated tail past `data_end`.
+    pub fn sync_and_trim(&self, data_end: u64) -> std::io::Result<()> {
+        let committed = self.committed.load(Ordering::Acquire);
+        let flush_len = data_end.min(committed) as usize;
+        if flush_len > 0 {
+            self.map.flush_range(0, flush_len)?;
+        }
+        let _guard = self.grow_step.lock();
+        if data_end < committed {
+            self.file.set_len(data_end)?;
+            self.committed.store(data_end, Ordering::Release);
+        }
+        self.file.sync_data()
+    }
+}
+
+// SAFETY: the raw mapping is shared by design; every write goes to a region exactly one thread
+// reserved, and the fields that coordinate reservations are atomics or behind a mutex.
+unsafe impl Send for MappedFile {}
+unsafe impl Sync for MappedFile {}

@@ -1,0 +1,429 @@
+//! The trace writer: how an event gets from a training thread onto disk.
+//!
+//! - [`file`]: the memory-mapped file, preallocation, reservations (bump region and ring);
+//! - [`chunk`]: chunk templates, appending in place, sealing;
+//! - [`thread`]: per-thread writers (the hot path);
+//! - [`defs`]: interning of strings, frames and stacks.
+//!
+//! File layout (see schema/trace.fbs): prelude, header, a fixed footer slot, the ring slots in
+//! ring mode, then the bump region where event chunks (grow mode), definitions and marks go.
+
+mod chunk;
+mod defs;
+mod file;
+mod thread;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use flatbuffers::FlatBufferBuilder;
+use poolsight_schema::{align8, fb, Prelude, HEADER_IDENTIFIER, PRELUDE_LEN};
+
+pub use defs::{DeviceInfo, Frame};
+pub use thread::MemRecord;
+
+use crate::clock::{self, Calibration};
+use crate::RecorderError;
+use chunk::{finish_chunk, write_sealed, Stream, Template};
+use file::{MappedFile, Region};
+
+/// How the file holds event chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Lossless: the file grows as long as the run records.
+    Grow,
+    /// Flight recorder: `slots` event chunks of `chunk_size` bytes; the oldest are overwritten.
+    Ring { slots: u32 },
+}
+
+/// Where per-epoch CPU memory figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuSource {
+    None,
+    /// Exact heap bytes from the counting global allocator.
+    Heap,
+    /// Resident set size.
+    Rss,
+}
+
+/// Settings for [`Recorder::create`]. `RecorderConfig::default()` is lossless and fine for most
+/// runs.
+#[derive(Debug, Clone)]
+pub struct RecorderConfig {
+    pub mode: Mode,
+    /// Bytes per event chunk (also the ring slot size). Larger chunks mean fewer atomics and
+    /// smaller files; smaller ones mean less unused space per thread. 4 KiB to 16 MiB.
+    pub chunk_size: u32,
+    /// The file never grows past this many bytes; recording stops (and counts what it drops)
+    /// when it would. Also the size of the virtual mapping.
+    pub max_bytes: u64,
+    pub rank: Option<u32>,
+    pub world_size: Option<u32>,
+    /// Devices known up front; pools define theirs when a trace hook is attached.
+    pub devices: Vec<DeviceInfo>,
+    pub cpu_source: CpuSource,
+    /// The command line stored in the header; `None` takes this process's arguments.
+    pub command_line: Option<Vec<String>>,
+    /// How long to measure the clock rate at start (the footer adds a second point).
+    pub calibration: Duration,
+}
+
+impl Default for RecorderConfig {
+    fn default() -> Self {
+        RecorderConfig {
+            mode: Mode::Grow,
+            chunk_size: 64 << 10,
+            max_bytes: 1 << 40,
+            rank: None,
+            world_size: None,
+            devices: Vec::new(),
+            cpu_source: CpuSource::None,
+            command_line: None,
+            calibration: Duration::from_millis(10),
+        }
+    }
+}
+
+/// What a finished recording wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Events in sealed chunks (chunks still owned by live threads are not counted here, but
+    /// their events are in the file).
+    pub events: u64,
+    pub chunks: u64,
+    pub dropped_events: u64,
+    pub file_bytes: u64,
+}
+
+pub(crate) struct Shared {
+    file: MappedFile,
+    templates: [Template; 3],
+    chunk_len: u64,
+    mark_chunk_len: u64,
+    seq: AtomicU64,
+    next_thread: AtomicU32,
+    closed: AtomicBool,
+    dropped: AtomicU64,
+    events: AtomicU64,
+    chunks: AtomicU64,
+    interner: Mutex<defs::Interner>,
+    footer: Region,
+    calibration: Calibration,
+}
+
+impl Shared {
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn template(&self, stream: Stream) -> &Template {
+        &self.templates[stream as usize]
+    }
+
+    fn count_dropped(&self, n: u64) {
+        self.dropped.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Owns a trace file being written. Dropping it finishes the file; [`Recorder::finish`] does the
+/// same and reports errors. Record through [`Recorder::handle`] (cheap to clone, `Send + Sync`).
+pub struct Recorder {
+    handle: Handle,
+    finished: bool,
+}
+
+/// A cloneable reference to a recorder, for hooks, scopes and other threads.
+#[derive(Clone)]
+pub struct Handle {
+    shared: Arc<Shared>,
+}
+
+impl Recorder {
+    /// Creates (or truncates) `path` and writes the header. Fails with a clear error when the
+    /// file cannot be created, mapped or preallocated — never later, in the middle of training.
+    pub fn create(
+        path: impl AsRef<Path>,
+        config: RecorderConfig,
+    ) -> Result<Recorder, RecorderError> {
+        let path = path.as_ref();
+        if !(4096..=16 << 20).contains(&config.chunk_size) {
+            return Err(RecorderError::Config(format!(
+                "chunk_size must be between 4 KiB and 16 MiB, got {} bytes",
+                config.chunk_size
+            )));
+        }
+        let calibration = Calibration::measure(config.calibration);
+        let header = build_header(&config, &calibration);
+        let data_offset = align8((PRELUDE_LEN + header.len()) as u64);
+        let footer_bytes = build_footer(&FooterFields::default());
+        let footer_len = align8(footer_bytes.len() as u64);
+        let chunk_len = align8(config.chunk_size as u64);
+        let ring_start = data_offset + footer_len;
+        let (fixed_len, ring) = match config.mode {
+            Mode::Grow => (ring_start, None),
+            Mode::Ring { slots } => {
+                if slots < 2 {
+                    return Err(RecorderError::Config(
+                        "ring mode needs at least 2 slots".into(),
+                    ));
+                }
+                let ring_len = chunk_len * slots as u64;
+                (
+                    ring_start + ring_len,
+                    Some((ring_start, chunk_len, slots as u64)),
+                )
+            }
+        };
+        let file = MappedFile::create(path, fixed_len, ring, config.max_bytes)?;
+        file.write_at(0, &Prelude::current(data_offset as u32).encode());
+        file.write_at(PRELUDE_LEN as u64, &header);
+        let footer = Region {
+            offset: data_offset,
+            len: footer_len,
+            slot: None,
+        };
+        // An Open footer until finish: its absence of a seal tells readers the writer never
+        // finished.
+        file.write_at(footer.offset, &footer_bytes);
+        file.write_at(footer.offset, &((footer.len - 4) as u32).to_le_bytes());
+        let shared = Shared {
+            file,
+            templates: Stream::ALL.map(Template::build),
+            chunk_len,
+            mark_chunk_len: 4096,
+            seq: AtomicU64::new(1),
+            next_thread: AtomicU32::new(1),
+            closed: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+            events: AtomicU64::new(0),
+            chunks: AtomicU64::new(0),
+            interner: Mutex::new(defs::Interner::default()),
+            footer,
+            calibration,
+        };
+        Ok(Recorder {
+            handle: Handle {
+                shared: Arc::new(shared),
+            },
+            finished: false,
+        })
+    }
+
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    /// Seals this thread's chunks, writes the footer (second clock point, dropped events),
+    /// flushes and trims the file. Chunks of threads still running stay open in the file with
+    /// every event they hold; events recorded after this are dropped and counted.
+    pub fn finish(mut self) -> Result<Summary, RecorderError> {
+        self.finish_inner()
+    }
+
+    fn finish_inner(&mut self) -> Result<Summary, RecorderError> {
+        self.finished = true;
+        let shared = &self.handle.shared;
+        thread::seal_current_thread(shared);
+        shared.closed.store(true, Ordering::Release);
+        let data_end = shared.file.close();
+        let (end_ticks, end_mono_ns, end_unix_ns) = Calibration::now();
+        let fields = FooterFields {
+            end_ticks,
+            end_mono_ns,
+            end_unix_ns,
+            dropped_events: shared.dropped.load(Ordering::Relaxed),
+            chunks: shared.seq.load(Ordering::Relaxed) - 1,
+            data_end,
+        };
+        let bytes = build_footer(&fields);
+        write_sealed(&shared.file, &shared.footer, &bytes, 0);
+        shared
+            .file
+            .sync_and_trim(data_end)
+            .map_err(|e| RecorderError::Io {
+                path: shared.file.path().to_path_buf(),
+                what: "flush",
+                source: e,
+            })?;
+        Ok(Summary {
+            events: shared.events.load(Ordering::Relaxed),
+            chunks: shared.chunks.load(Ordering::Relaxed),
+            dropped_events: fields.dropped_events,
+            file_bytes: data_end,
+        })
+    }
+}
+
+impl std::ops::Deref for Recorder {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(e) = self.finish_inner() {
+                eprintln!("poolsight: {e}");
+            }
+        }
+    }
+}
+
+impl Handle {
+    /// Records one memory event on this thread.
+    #[inline]
+    pub fn record_mem(&self, r: MemRecord) {
+        thread::with_writer(&self.shared, |w| w.mem(&r));
+    }
+
+    /// Records a scope that opened at `start_ticks` ([`clock::ticks`]) and closes now. `stack`
+    /// is the interned stack whose innermost frame is the scope.
+    #[inline]
+    pub fn record_scope(&self, stack: u32, start_ticks: u64) {
+        thread::with_writer(&self.shared, |w| w.scope(stack, start_ticks));
+    }
+
+    /// Records a rare event (epoch boundary, CPU sample) with an absolute timestamp.
+    pub fn record_mark(&self, kind: fb::MarkKind, aux: u32, a: u64, b: u64) {
+        thread::with_writer(&self.shared, |w| w.mark(kind, aux, a, b));
+    }
+
+    pub fn intern_string(&self, s: &str) -> u32 {
+        self.shared.intern_string(s)
+    }
+
+    pub fn intern_frame(&self, frame: &Frame) -> u32 {
+        self.shared.intern_frame(frame)
+    }
+
+    /// The stack made of `parent` (0 for none) with `frame` innermost.
+    pub fn intern_stack(&self, parent: u32, frame: u32) -> u32 {
+        self.shared.intern_stack(parent, frame)
+    }
+
+    /// Interns a whole stack given outermost first (a Python traceback, say).
+    pub fn intern_frames(&self, frames: &[Frame]) -> u32 {
+        self.shared.intern_frames(frames)
+    }
+
+    pub fn define_device(&self, device: DeviceInfo) {
+        self.shared.define_device(device)
+    }
+
+    /// Events dropped so far (the file could not grow, or recording had stopped).
+    pub fn dropped_events(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    pub fn path(&self) -> PathBuf {
+        self.shared.file.path().to_path_buf()
+    }
+
+    /// Whether two handles write the same file.
+    pub fn same_recorder(&self, other: &Handle) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Ticks-per-ns measured at start.
+    pub fn ticks_per_ns(&self) -> f64 {
+        self.shared.calibration.ticks_per_ns
+    }
+}
+
+fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::with_capacity(1024);
+    let writer = fbb.create_string(concat!("poolsight-recorder ", env!("CARGO_PKG_VERSION")));
+    let host = fbb.create_string(&hostname());
+    let args: Vec<String> = config
+        .command_line
+        .clone()
+        .unwrap_or_else(|| std::env::args().collect());
+    let args: Vec<_> = args.iter().map(|a| fbb.create_string(a)).collect();
+    let command_line = fbb.create_vector(&args);
+    let devices: Vec<_> = config
+        .devices
+        .iter()
+        .map(|d| defs::build_device(&mut fbb, d))
+        .collect();
+    let devices = fbb.create_vector(&devices);
+    let clock = fb::Clock::new(cal.ticks, cal.mono_ns, cal.unix_ns, cal.ticks_per_ns);
+    let (mode, ring_slots) = match config.mode {
+        Mode::Grow => (fb::Mode::Grow, 0),
+        Mode::Ring { slots } => (fb::Mode::Ring, slots),
+    };
+    let header = fb::Header::create(
+        &mut fbb,
+        &fb::HeaderArgs {
+            format_major: poolsight_schema::FORMAT_MAJOR,
+            format_minor: poolsight_schema::FORMAT_MINOR,
+            writer: Some(writer),
+            clock: Some(&clock),
+            pid: std::process::id(),
+            host: Some(host),
+            command_line: Some(command_line),
+            rank: config.rank,
+            world_size: config.world_size,
+            devices: Some(devices),
+            mode,
+            chunk_size: config.chunk_size,
+            ring_slots,
+            cpu_source: match config.cpu_source {
+                CpuSource::None => fb::CpuSource::None,
+                CpuSource::Heap => fb::CpuSource::Heap,
+                CpuSource::Rss => fb::CpuSource::Rss,
+            },
+        },
+    );
+    fbb.finish_size_prefixed(header, Some(HEADER_IDENTIFIER));
+    fbb.finished_data().to_vec()
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into our buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[derive(Default)]
+struct FooterFields {
+    end_ticks: u64,
+    end_mono_ns: u64,
+    end_unix_ns: u64,
+    dropped_events: u64,
+    chunks: u64,
+    data_end: u64,
+}
+
+/// The footer always has the same size (every field is written even when zero), so the
+/// placeholder written at create and the real one written at finish share one region.
+fn build_footer(f: &FooterFields) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::with_capacity(256);
+    fbb.force_defaults(true);
+    let footer = fb::Footer::create(
+        &mut fbb,
+        &fb::FooterArgs {
+            end_ticks: f.end_ticks,
+            end_mono_ns: f.end_mono_ns,
+            end_unix_ns: f.end_unix_ns,
+            dropped_events: f.dropped_events,
+            chunks: f.chunks,
+            data_end: f.data_end,
+        },
+    );
+    finish_chunk(&mut fbb, fb::ChunkBody::Footer, footer.as_union_value())
+}
+
+/// Ticks now, for [`Handle::record_scope`]'s `start_ticks`.
+#[inline]
+pub fn now_ticks() -> u64 {
+    clock::ticks()
+}

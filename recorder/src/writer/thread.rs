@@ -1,0 +1,237 @@
+//! Per-thread writers: the hot path.
+//!
+//! Each thread that records gets, per recorder, one open chunk per event stream, living in the
+//! mapped file. Recording an event is: a thread-local lookup, one relaxed load (is the recorder
+//! closed?), a clock read, a 16- or 32-byte copy and a store of the new length. No lock, no
+//! syscall, no allocation. A full chunk is sealed in place and a new region is reserved with one
+//! atomic. When the thread exits, its chunks are sealed by the thread-local's destructor.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use poolsight_schema::{align8, fb};
+
+use super::chunk::{OpenChunk, Stream};
+use super::Shared;
+use crate::clock;
+
+pub(crate) struct ThreadWriter {
+    shared: Arc<Shared>,
+    thread: u32,
+    chunks: [Option<OpenChunk>; 3],
+}
+
+impl ThreadWriter {
+    fn new(shared: Arc<Shared>) -> ThreadWriter {
+        let thread = shared.next_thread.fetch_add(1, Ordering::Relaxed);
+        let current = std::thread::current();
+        let name = current
+            .name()
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("{:?}", current.id()));
+        // SAFETY: gettid has no preconditions.
+        let os_tid = unsafe { libc::gettid() } as u64;
+        shared.define_thread(thread, os_tid, &name);
+        ThreadWriter {
+            shared,
+            thread,
+            chunks: [None, None, None],
+        }
+    }
+
+    /// The open chunk of `stream` with room for `need` events, opening a new one if needed.
+    #[inline(always)]
+    fn chunk(&mut self, stream: Stream, need: u32, now: u64) -> Option<&mut OpenChunk> {
+        let idx = stream as usize;
+        let has_room = matches!(&self.chunks[idx], Some(c) if c.count + need <= c.cap);
+        if !has_room {
+            self.rotate(stream, now)?;
+        }
+        self.chunks[idx].as_mut()
+    }
+
+    #[cold]
+    fn rotate(&mut self, stream: Stream, now: u64) -> Option<()> {
+        self.seal(stream);
+        let shared = &self.shared;
+        let region = match stream {
+            Stream::Mark => shared.file.reserve(align8(shared.mark_chunk_len)),
+            _ if shared.file.is_ring() => shared.file.claim_slot(),
+            _ => shared.file.reserve(shared.chunk_len),
+        }?;
+        let seq = shared.next_seq();
+        let chunk = OpenChunk::open(
+            &shared.file,
+            region,
+            shared.template(stream),
+            seq,
+            self.thread,
+            now,
+        );
+        self.chunks[stream as usize] = Some(chunk);
+        Some(())
+    }
+
+    fn seal(&mut self, stream: Stream) {
+        if let Some(mut c) = self.chunks[stream as usize].take() {
+            c.seal();
+            self.shared.file.release_slot(&c.region);
+            self.shared
+                .events
+                .fetch_add(c.count as u64, Ordering::Relaxed);
+            self.shared.chunks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn seal_all(&mut self) {
+        for s in Stream::ALL {
+            self.seal(s);
+        }
+    }
+
+    #[inline(always)]
+    pub fn mem(&mut self, r: &MemRecord) {
+        let now = clock::ticks();
+        let Some(c) = self.chunk(Stream::Mem, 2, now) else {
+            return self.shared.count_dropped(1);
+        };
+        let mut delta = now.wrapping_sub(c.base_ticks);
+        if delta > u32::MAX as u64 {
+            c.push(&rebase_mem(now).0);
+            c.base_ticks = now;
+            delta = 0;
+        }
+        let ev = fb::MemEvent::new(
+            delta as u32,
+            r.kind,
+            r.device,
+            r.stream,
+            r.ptr,
+            r.bytes,
+            r.stack,
+            r.pmem,
+        );
+        c.push(&ev.0);
+    }
+
+    #[inline(always)]
+    pub fn scope(&mut self, stack: u32, start_ticks: u64) {
+        let now = clock::ticks();
+        let Some(c) = self.chunk(Stream::Scope, 2, now) else {
+            return self.shared.count_dropped(1);
+        };
+        let mut delta = now.wrapping_sub(c.base_ticks);
+        if delta > u32::MAX as u64 {
+            c.push(&fb::ScopeEvent::new(0, 0, now).0);
+            c.base_ticks = now;
+            delta = 0;
+        }
+        let ev = fb::ScopeEvent::new(delta as u32, stack, now.saturating_sub(start_ticks));
+        c.push(&ev.0);
+    }
+
+    pub fn mark(&mut self, kind: fb::MarkKind, aux: u32, a: u64, b: u64) {
+        let now = clock::ticks();
+        let Some(c) = self.chunk(Stream::Mark, 1, now) else {
+            return self.shared.count_dropped(1);
+        };
+        c.push(&fb::MarkEvent::new(now, kind, aux, a, b).0);
+    }
+}
+
+fn rebase_mem(now: u64) -> fb::MemEvent {
+    fb::MemEvent::new(0, fb::MemKind::Rebase, 0, 0, now, 0, 0, 0)
+}
+
+impl Drop for ThreadWriter {
+    fn drop(&mut self) {
+        self.seal_all();
+    }
+}
+
+/// One memory event, as the pool's hooks describe it (see `MemEvent` in trace.fbs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemRecord {
+    pub kind: fb::MemKind,
+    pub device: u8,
+    pub stream: u16,
+    pub ptr: u64,
+    pub bytes: u64,
+    pub stack: u32,
+    pub pmem: u32,
+}
+
+/// The writers of this thread, most recently used first; usually exactly one.
+struct Writers(Vec<ThreadWriter>);
+
+impl Drop for Writers {
+    fn drop(&mut self) {
+        for w in &mut self.0 {
+            w.seal_all();
+        }
+    }
+}
+
+thread_local! {
+    static WRITERS: UnsafeCell<Writers> = const { UnsafeCell::new(Writers(Vec::new())) };
+}
+
+/// Runs `f` with this thread's writer for `shared`, creating it on first use. Returns `None`
+/// (and counts a dropped event) after the recorder closed or while the thread is exiting.
+#[inline(always)]
+pub(crate) fn with_writer(shared: &Arc<Shared>, f: impl FnOnce(&mut ThreadWriter)) {
+    if shared.closed.load(Ordering::Relaxed) {
+        seal_current_thread(shared);
+        return shared.count_dropped(1);
+    }
+    let ran = WRITERS.try_with(|cell| {
+        // SAFETY: the cell is only reached through this function, which never re-enters itself:
+        // `f` writes to the mapping and may intern definitions, neither records events.
+        let writers = unsafe { &mut *cell.get() };
+        match writers.0.first_mut() {
+            Some(w) if Arc::ptr_eq(&w.shared, shared) => f(w),
+            _ => f(find_or_create(writers, shared)),
+        }
+    });
+    if ran.is_err() {
+        shared.count_dropped(1);
+    }
+}
+
+#[cold]
+fn find_or_create<'a>(writers: &'a mut Writers, shared: &Arc<Shared>) -> &'a mut ThreadWriter {
+    // Writers of recorders that finished hold their mapping alive; let them go.
+    writers
+        .0
+        .retain(|w| !w.shared.closed.load(Ordering::Relaxed));
+    let idx = match writers
+        .0
+        .iter()
+        .position(|w| Arc::ptr_eq(&w.shared, shared))
+    {
+        Some(i) => i,
+        None => {
+            writers.0.push(ThreadWriter::new(shared.clone()));
+            writers.0.len() - 1
+        }
+    };
+    writers.0.swap(0, idx);
+    &mut writers.0[0]
+}
+
+/// Seals this thread's chunks of `shared` (used by `finish` on the finishing thread).
+pub(crate) fn seal_current_thread(shared: &Arc<Shared>) {
+    let _ = WRITERS.try_with(|cell| {
+        // SAFETY: as in with_writer.
+        let writers = unsafe { &mut *cell.get() };
+        writers.0.retain_mut(|w| {
+            if Arc::ptr_eq(&w.shared, shared) {
+                w.seal_all();
+                false
+            } else {
+                true
+            }
+        });
+    });
+}
