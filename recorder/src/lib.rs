@@ -2,12 +2,15 @@
 //!
 //! - [`writer`]: the memory-mapped trace writer ([`Recorder`], per-thread chunks, interning);
 //! - [`clock`]: the tick clock and its calibration;
-//! - pool, device, hooks: a CuPy-style caching memory pool over a host or CUDA
+//! - [`pool`], [`device`], [`hooks`]: a CuPy-style caching memory pool over a host or CUDA
 //!   device, with CuPy's `MemoryHook` callbacks.
 //!
 //! The recorder never depends on the analyzer: both only share the format in `poolsight-schema`.
 
 pub mod clock;
+pub mod device;
+pub mod hooks;
+pub mod pool;
 pub mod writer;
 
 pub use poolsight_schema::fb;
