@@ -1,0 +1,295 @@
+//! `poolsight info`: what a trace holds — header, duration, events by kind, threads, devices,
+//! and what was lost (dropped events, torn chunks, a writer that never finished).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use poolsight_schema::fb;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::reader::{ChunkKind, Trace};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadInfo {
+    pub id: u32,
+    pub os_tid: u64,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceInfo {
+    pub id: u32,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub allocation_unit: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Info {
+    pub path: String,
+    pub format_version: String,
+    pub writer: String,
+    pub host: String,
+    pub pid: u32,
+    pub command_line: Vec<String>,
+    pub rank: Option<u32>,
+    pub world_size: Option<u32>,
+    pub mode: String,
+    pub chunk_size: u32,
+    pub started_unix_ns: u64,
+    pub duration_ns: u64,
+    /// Whether the writer sealed the file (false: killed, crashed, or still running).
+    pub finished: bool,
+    pub events: BTreeMap<&'static str, u64>,
+    pub total_events: u64,
+    pub threads: Vec<ThreadInfo>,
+    pub devices: Vec<DeviceInfo>,
+    pub chunks: usize,
+    pub open_chunks: usize,
+    pub torn_chunks: usize,
+    pub dropped_events: u64,
+    pub file_bytes: u64,
+    pub bytes_per_event: f64,
+    pub warnings: Vec<String>,
+}
+
+/// Stable names of event kinds, as `info` and its JSON show them.
+pub fn mem_kind_name(k: fb::MemKind) -> &'static str {
+    match k {
+        fb::MemKind::MallocPre => "malloc_pre",
+        fb::MemKind::MallocPost => "malloc_post",
+        fb::MemKind::AllocPre => "alloc_pre",
+        fb::MemKind::AllocPost => "alloc_post",
+        fb::MemKind::FreePre => "free_pre",
+        fb::MemKind::FreePost => "free_post",
+        fb::MemKind::Release => "release",
+        fb::MemKind::OutOfMemory => "out_of_memory",
+        fb::MemKind::LimitSet => "limit_set",
+        _ => "unknown_mem",
+    }
+}
+
+fn scope_kind_name(k: Option<fb::FrameKind>) -> &'static str {
+    match k {
+        Some(fb::FrameKind::Function) => "function",
+        Some(fb::FrameKind::Link) => "link",
+        Some(fb::FrameKind::Scope) => "scope",
+        _ => "scope_other",
+    }
+}
+
+fn mark_kind_name(k: fb::MarkKind) -> &'static str {
+    match k {
+        fb::MarkKind::EpochBegin => "epoch_begin",
+        fb::MarkKind::EpochEnd => "epoch_end",
+        fb::MarkKind::CpuSample => "cpu_sample",
+        _ => "unknown_mark",
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    counts: BTreeMap<&'static str, u64>,
+    last_ticks: u64,
+}
+
+impl Tally {
+    fn merge(mut self, other: Tally) -> Tally {
+        for (k, v) in other.counts {
+            *self.counts.entry(k).or_default() += v;
+        }
+        self.last_ticks = self.last_ticks.max(other.last_ticks);
+        self
+    }
+}
+
+pub fn info(trace: &Trace) -> Info {
+    let tally = trace
+        .chunks
+        .par_iter()
+        .map(|c| {
+            let mut t = Tally::default();
+            let mut bump = |name: &'static str, ticks: u64| {
+                *t.counts.entry(name).or_default() += 1;
+                t.last_ticks = t.last_ticks.max(ticks);
+            };
+            match c.kind {
+                ChunkKind::Mem => {
+                    for (ticks, e) in trace.mem_timeline(c) {
+                        bump(mem_kind_name(e.kind()), ticks);
+                    }
+                }
+                ChunkKind::Scope => {
+                    for (ticks, e) in trace.scope_timeline(c) {
+                        let kind = trace
+                            .defs
+                            .stacks
+                            .get(&e.stack())
+                            .and_then(|(_, f)| trace.defs.frames.get(f))
+                            .map(|f| f.kind);
+                        bump(scope_kind_name(kind), ticks);
+                    }
+                }
+                ChunkKind::Mark => {
+                    for e in trace.mark_events(c) {
+                        bump(mark_kind_name(e.kind()), e.ticks());
+                    }
+                }
+                ChunkKind::Defs | ChunkKind::Footer => {}
+            }
+            t
+        })
+        .reduce(Tally::default, Tally::merge);
+    let h = &trace.header;
+    let end_ticks = trace.footer.map_or(tally.last_ticks, |f| f.end_ticks);
+    let total_events: u64 = tally.counts.values().sum();
+    let file_bytes = trace.bytes().len() as u64;
+    let mut threads: Vec<ThreadInfo> = trace
+        .defs
+        .threads
+        .iter()
+        .map(|t| ThreadInfo {
+            id: t.id,
+            os_tid: t.os_tid,
+            name: t.name.clone(),
+        })
+        .collect();
+    threads.sort_by_key(|t| t.id);
+    let mut devices: Vec<DeviceInfo> = Vec::new();
+    for d in &trace.defs.devices {
+        if !devices.iter().any(|x| x.id == d.id) {
+            devices.push(DeviceInfo {
+                id: d.id,
+                name: d.name.clone(),
+                capacity_bytes: d.capacity,
+                allocation_unit: d.allocation_unit,
+            });
+        }
+    }
+    Info {
+        path: trace.path.display().to_string(),
+        format_version: format!("{}.{}", h.format_major, h.format_minor),
+        writer: h.writer.clone(),
+        host: h.host.clone(),
+        pid: h.pid,
+        command_line: h.command_line.clone(),
+        rank: h.rank,
+        world_size: h.world_size,
+        mode: match h.ring {
+            Some(slots) => format!("ring ({slots} slots)"),
+            None => "grow".into(),
+        },
+        chunk_size: h.chunk_size,
+        started_unix_ns: h.unix_ns,
+        duration_ns: trace.ns_since_start(end_ticks),
+        finished: trace.footer.is_some(),
+        events: tally.counts,
+        total_events,
+        threads,
+        devices,
+        chunks: trace.chunks.len(),
+        open_chunks: trace.chunks.iter().filter(|c| !c.sealed).count(),
+        torn_chunks: trace.torn_chunks(),
+        dropped_events: trace.footer.map_or(0, |f| f.dropped_events),
+        file_bytes,
+        bytes_per_event: if total_events > 0 {
+            file_bytes as f64 / total_events as f64
+        } else {
+            0.0
+        },
+        warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+    }
+}
+
+/// Order in which `info` lists event kinds: the pool's hooks in CuPy's order, then the rest.
+const KIND_ORDER: &[&str] = &[
+    "malloc_pre",
+    "malloc_post",
+    "alloc_pre",
+    "alloc_post",
+    "free_pre",
+    "free_post",
+    "release",
+    "out_of_memory",
+    "limit_set",
+    "function",
+    "link",
+    "scope",
+    "epoch_begin",
+    "epoch_end",
+    "cpu_sample",
+];
+
+pub fn render_table(i: &Info) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "trace        {}", i.path);
+    let _ = writeln!(
+        o,
+        "format       {} (written by {})",
+        i.format_version, i.writer
+    );
+    let _ = writeln!(
+        o,
+        "process      pid {} on {}",
+        i.pid,
+        if i.host.is_empty() { "?" } else { &i.host }
+    );
+    if !i.command_line.is_empty() {
+        let _ = writeln!(o, "command      {}", i.command_line.join(" "));
+    }
+    if let (Some(r), Some(w)) = (i.rank, i.world_size) {
+        let _ = writeln!(o, "rank         {r} of {w}");
+    }
+    let _ = writeln!(o, "mode         {}, {} B chunks", i.mode, i.chunk_size);
+    let _ = writeln!(o, "duration     {}", human_ns(i.duration_ns));
+    let _ = writeln!(
+        o,
+        "finished     {}",
+        if i.finished {
+            "yes"
+        } else {
+            "no: the writer did not seal the file (killed, crashed or still running); every complete event is still readable"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "size         {} bytes, {:.1} bytes/event",
+        i.file_bytes, i.bytes_per_event
+    );
+    let _ = writeln!(o, "events       {}", i.total_events);
+    let width = i.events.keys().map(|k| k.len()).max().unwrap_or(0);
+    let mut kinds: Vec<(&str, u64)> = i.events.iter().map(|(k, v)| (*k, *v)).collect();
+    kinds.sort_by_key(|(k, _)| KIND_ORDER.iter().position(|x| x == k).unwrap_or(usize::MAX));
+    for (k, v) in kinds {
+        let _ = writeln!(o, "  {k:<width$}  {v}");
+    }
+    let _ = writeln!(o, "threads      {}", i.threads.len());
+    for t in &i.threads {
+        let _ = writeln!(o, "  {:>3}  {} (tid {})", t.id, t.name, t.os_tid);
+    }
+    let _ = writeln!(o, "devices      {}", i.devices.len());
+    for d in &i.devices {
+        let _ = writeln!(
+            o,
+            "  {:>3}  {} ({} bytes, unit {})",
+            d.id, d.name, d.capacity_bytes, d.allocation_unit
+        );
+    }
+    let _ = writeln!(o, "chunks       {} ({} open)", i.chunks, i.open_chunks);
+    let _ = writeln!(o, "dropped      {} events", i.dropped_events);
+    let _ = writeln!(o, "torn         {} chunks", i.torn_chunks);
+    for w in &i.warnings {
+        let _ = writeln!(o, "warning      {w}");
+    }
+    o
+}
+
+fn human_ns(ns: u64) -> String {
+    let s = ns as f64 / 1e9;
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else {
+        format!("{:.3} ms", ns as f64 / 1e6)
+    }
+}

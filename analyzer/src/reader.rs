@@ -1,0 +1,657 @@
+//! Opening a trace: the file is untrusted input (CI analyzes artifacts of other people's
+//! branches). Every chunk is checked — bounds, FlatBuffers verification, identifier, checksum
+//! of sealed chunks — before anything reads it. A bad chunk becomes a warning naming its
+//! offset and what is wrong, and is skipped; a file that is not a trace at all, or of a major
+//! version this reader does not know, is an error. Nothing allocates by a size read from the
+//! file: the index holds one small entry per chunk that actually exists.
+//!
+//! Walk order: the footer slot at `data_offset`, then (ring mode) the ring slots, then chunks
+//! one after another until the end of the file. Zero bytes where a chunk should start are space
+//! that was reserved but never written; the walk skips to the next non-zero word.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use poolsight_schema::{chunk_crc, fb, meta_offset, Prelude, PreludeError, PRELUDE_LEN};
+use rayon::prelude::*;
+
+/// Why a file could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Prelude {
+        path: PathBuf,
+        #[source]
+        source: PreludeError,
+    },
+    #[error("{}: bad header at offset {offset}: {what}", path.display())]
+    Header {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+}
+
+/// What kind of chunk an index entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChunkKind {
+    Mem,
+    Scope,
+    Mark,
+    Defs,
+    Footer,
+}
+
+/// One verified chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkInfo {
+    pub offset: u64,
+    /// Bytes of the size-prefixed buffer, prefix included.
+    pub len: u32,
+    pub kind: ChunkKind,
+    pub seq: u64,
+    pub thread: u32,
+    pub base_ticks: u64,
+    pub sealed: bool,
+    /// Events (for event chunks).
+    pub events: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceDef {
+    pub id: u32,
+    pub name: String,
+    pub capacity: u64,
+    pub allocation_unit: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadDef {
+    pub id: u32,
+    pub os_tid: u64,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameDef {
+    pub kind: fb::FrameKind,
+    pub phase: fb::Phase,
+    pub line: u32,
+    pub file: u32,
+    pub name: u32,
+}
+
+/// Interned definitions, by id.
+#[derive(Debug, Default, Clone)]
+pub struct Defs {
+    pub strings: HashMap<u32, String>,
+    pub frames: HashMap<u32, FrameDef>,
+    /// stack id -> (parent stack id, frame id)
+    pub stacks: HashMap<u32, (u32, u32)>,
+    pub threads: Vec<ThreadDef>,
+    pub devices: Vec<DeviceDef>,
+}
+
+impl Defs {
+    pub fn string(&self, id: u32) -> &str {
+        self.strings.get(&id).map(String::as_str).unwrap_or("?")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Header {
+    pub format_major: u16,
+    pub format_minor: u16,
+    pub writer: String,
+    pub ticks0: u64,
+    pub mono_ns: u64,
+    pub unix_ns: u64,
+    pub ticks_per_ns: f64,
+    pub pid: u32,
+    pub host: String,
+    pub command_line: Vec<String>,
+    pub rank: Option<u32>,
+    pub world_size: Option<u32>,
+    pub ring: Option<u32>,
+    pub chunk_size: u32,
+    pub cpu_source: fb::CpuSource,
+    /// Devices named in the header (more may come in definitions chunks).
+    pub devices: Vec<DeviceDef>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Footer {
+    pub end_ticks: u64,
+    pub end_mono_ns: u64,
+    pub end_unix_ns: u64,
+    pub dropped_events: u64,
+    pub chunks: u64,
+    pub data_end: u64,
+}
+
+/// Something wrong with part of a file that did not stop the rest from being read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub offset: u64,
+    pub what: String,
+    /// Whether the problem is a chunk lost to a torn or corrupt write.
+    pub torn: bool,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "offset {}: {}", self.offset, self.what)
+    }
+}
+
+/// An open, verified trace. Events are read in place from the mapping.
+pub struct Trace {
+    pub path: PathBuf,
+    map: Mmap,
+    pub header: Header,
+    /// Verified chunks in the order they were reserved (`seq`).
+    pub chunks: Vec<ChunkInfo>,
+    pub defs: Defs,
+    /// `None` when the writer never finished (killed, crashed, or still running).
+    pub footer: Option<Footer>,
+    pub warnings: Vec<Warning>,
+}
+
+/// Size prefix, root offset and file identifier.
+const MIN_PREFIXED_LEN: usize = 12;
+
+const VERIFIER: flatbuffers::VerifierOptions = flatbuffers::VerifierOptions {
+    max_depth: 16,
+    max_tables: 1 << 20,
+    max_apparent_size: 1 << 31,
+    ignore_missing_null_terminator: false,
+};
+
+impl Trace {
+    pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| ReadError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::File::open(&path).map_err(io)?;
+        // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
+        // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_map(path, map)
+    }
+
+    fn from_map(path: PathBuf, map: Mmap) -> Result<Trace, ReadError> {
+        let data: &[u8] = &map;
+        let prelude = Prelude::decode(data).map_err(|source| ReadError::Prelude {
+            path: path.clone(),
+            source,
+        })?;
+        let header = read_header(data, &prelude).map_err(|(offset, what)| ReadError::Header {
+            path: path.clone(),
+            offset,
+            what,
+        })?;
+        let mut warnings = Vec::new();
+        let spans = walk(data, prelude.data_offset as u64, &header, &mut warnings);
+        let results: Vec<Result<ChunkInfo, Warning>> = spans
+            .par_iter()
+            .map(|&(off, len)| verify_chunk(data, off, len))
+            .collect();
+        let mut chunks = Vec::with_capacity(results.len());
+        for r in results {
+            match r {
+                Ok(c) => chunks.push(c),
+                Err(w) => warnings.push(w),
+            }
+        }
+        chunks.sort_by_key(|c| (c.seq, c.offset));
+        let mut trace = Trace {
+            path,
+            map,
+            header,
+            chunks,
+            defs: Defs::default(),
+            footer: None,
+            warnings,
+        };
+        trace.load_defs_and_footer();
+        Ok(trace)
+    }
+
+    fn load_defs_and_footer(&mut self) {
+        let mut defs = Defs {
+            devices: self.header.devices.clone(),
+            ..Defs::default()
+        };
+        let mut footer = None;
+        for c in self
+            .chunks
+            .iter()
+            .filter(|c| matches!(c.kind, ChunkKind::Defs | ChunkKind::Footer))
+        {
+            let chunk = self.chunk_root(c);
+            if let Some(d) = chunk.body_as_defs() {
+                merge_defs(&mut defs, &d);
+            } else if let Some(f) = chunk.body_as_footer() {
+                if c.sealed {
+                    footer = Some(Footer {
+                        end_ticks: f.end_ticks(),
+                        end_mono_ns: f.end_mono_ns(),
+                        end_unix_ns: f.end_unix_ns(),
+                        dropped_events: f.dropped_events(),
+                        chunks: f.chunks(),
+                        data_end: f.data_end(),
+                    });
+                }
+            }
+        }
+        if let Some(f) = footer {
+            let len = self.map.len() as u64;
+            if f.data_end > len {
+                self.warnings.push(Warning {
+                    offset: len,
+                    what: format!(
+                        "the file ends at {len} bytes but its writer wrote {}: it was truncated (copied while being written, or a disk filled); what remains was read",
+                        f.data_end
+                    ),
+                    torn: false,
+                });
+            }
+        }
+        self.defs = defs;
+        self.footer = footer;
+    }
+
+    /// The raw bytes of the file.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    fn chunk_root(&self, c: &ChunkInfo) -> fb::Chunk<'_> {
+        let buf = &self.map[c.offset as usize..c.offset as usize + c.len as usize];
+        // SAFETY: this exact range passed the verifier when the trace was opened, and the
+        // mapping is immutable for the Trace's lifetime.
+        unsafe { fb::size_prefixed_root_as_chunk_unchecked(buf) }
+    }
+
+    /// Memory events of a `Mem` chunk, in place (empty for other kinds).
+    pub fn mem_events(&self, c: &ChunkInfo) -> &[fb::MemEvent] {
+        let events = self
+            .chunk_root(c)
+            .body_as_mem_events()
+            .and_then(|b| b.events());
+        vector_slice(events)
+    }
+
+    pub fn scope_events(&self, c: &ChunkInfo) -> &[fb::ScopeEvent] {
+        let events = self
+            .chunk_root(c)
+            .body_as_scope_events()
+            .and_then(|b| b.events());
+        vector_slice(events)
+    }
+
+    pub fn mark_events(&self, c: &ChunkInfo) -> &[fb::MarkEvent] {
+        let events = self
+            .chunk_root(c)
+            .body_as_mark_events()
+            .and_then(|b| b.events());
+        vector_slice(events)
+    }
+
+    /// Memory events of a chunk with absolute ticks, rebase markers applied and left out.
+    pub fn mem_timeline<'a>(
+        &'a self,
+        c: &ChunkInfo,
+    ) -> impl Iterator<Item = (u64, &'a fb::MemEvent)> + 'a {
+        let mut base = c.base_ticks;
+        self.mem_events(c).iter().filter_map(move |e| {
+            if e.kind() == fb::MemKind::Rebase {
+                base = e.ptr();
+                None
+            } else {
+                Some((base.wrapping_add(e.ts() as u64), e))
+            }
+        })
+    }
+
+    /// Scope events of a chunk with absolute end ticks, rebase markers applied and left out.
+    pub fn scope_timeline<'a>(
+        &'a self,
+        c: &ChunkInfo,
+    ) -> impl Iterator<Item = (u64, &'a fb::ScopeEvent)> + 'a {
+        let mut base = c.base_ticks;
+        self.scope_events(c).iter().filter_map(move |e| {
+            if e.stack() == 0 {
+                base = e.duration();
+                None
+            } else {
+                Some((base.wrapping_add(e.end() as u64), e))
+            }
+        })
+    }
+
+    /// Nanoseconds since the trace started for a tick value. Uses both calibration points when
+    /// the footer exists, else the rate measured at start.
+    pub fn ns_since_start(&self, ticks: u64) -> u64 {
+        let h = &self.header;
+        let dt = ticks.saturating_sub(h.ticks0) as f64;
+        let rate = match self.footer {
+            Some(f) if f.end_ticks > h.ticks0 && f.end_mono_ns > h.mono_ns => {
+                (f.end_ticks - h.ticks0) as f64 / (f.end_mono_ns - h.mono_ns) as f64
+            }
+            _ => h.ticks_per_ns,
+        };
+        if rate > 0.0 {
+            (dt / rate) as u64
+        } else {
+            0
+        }
+    }
+
+    /// Ticks to nanoseconds, for durations.
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        self.ns_since_start(self.header.ticks0.saturating_add(ticks))
+    }
+
+    /// Chunks that were reserved but lost to torn or corrupt writes.
+    pub fn torn_chunks(&self) -> usize {
+        self.warnings.iter().filter(|w| w.torn).count()
+    }
+}
+
+fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
+    match v {
+        // SAFETY: the generated event structs are `repr(transparent)` byte arrays (alignment
+        // 1), and the verifier checked the vector's bytes lie inside the buffer.
+        Some(v) => unsafe { std::slice::from_raw_parts(v.bytes().as_ptr() as *const T, v.len()) },
+        None => &[],
+    }
+}
+
+fn read_header(data: &[u8], prelude: &Prelude) -> Result<Header, (u64, String)> {
+    let start = PRELUDE_LEN;
+    let data_offset = prelude.data_offset as usize;
+    if data_offset > data.len() || data_offset < start + 4 || data_offset % 8 != 0 {
+        return Err((
+            12,
+            format!(
+                "data offset {} is impossible for a {}-byte file",
+                data_offset,
+                data.len()
+            ),
+        ));
+    }
+    let size = u32::from_le_bytes(data[start..start + 4].try_into().unwrap_or_default()) as usize;
+    if start + 4 + size > data_offset {
+        return Err((
+            start as u64,
+            format!(
+                "header claims {size} bytes but only {} fit before the data",
+                data_offset - start - 4
+            ),
+        ));
+    }
+    let buf = &data[start..start + 4 + size];
+    if buf.len() < MIN_PREFIXED_LEN
+        || !flatbuffers::buffer_has_identifier(buf, poolsight_schema::HEADER_IDENTIFIER, true)
+    {
+        return Err((start as u64, "missing header identifier \"PSTH\"".into()));
+    }
+    let h = flatbuffers::size_prefixed_root_with_opts::<fb::Header>(&VERIFIER, buf)
+        .map_err(|e| (start as u64, format!("header does not verify: {e}")))?;
+    let clock = h.clock().copied().unwrap_or_default();
+    Ok(Header {
+        format_major: prelude.major,
+        format_minor: prelude.minor,
+        writer: h.writer().unwrap_or("").to_owned(),
+        ticks0: clock.ticks0(),
+        mono_ns: clock.mono_ns(),
+        unix_ns: clock.unix_ns(),
+        ticks_per_ns: clock.ticks_per_ns(),
+        pid: h.pid(),
+        host: h.host().unwrap_or("").to_owned(),
+        command_line: h
+            .command_line()
+            .map(|v| v.iter().map(str::to_owned).collect())
+            .unwrap_or_default(),
+        rank: h.rank(),
+        world_size: h.world_size(),
+        ring: (h.mode() == fb::Mode::Ring).then_some(h.ring_slots()),
+        chunk_size: h.chunk_size(),
+        cpu_source: h.cpu_source(),
+        devices: h
+            .devices()
+            .into_iter()
+            .flatten()
+            .map(|d| device_def(&d))
+            .collect(),
+    })
+}
+
+/// Finds every chunk's (offset, length incl. prefix) without trusting anything but bounds.
+fn walk(
+    data: &[u8],
+    data_offset: u64,
+    header: &Header,
+    warnings: &mut Vec<Warning>,
+) -> Vec<(u64, u32)> {
+    let mut spans = Vec::new();
+    let end = data.len() as u64;
+    let mut off = data_offset;
+    // The footer slot.
+    match span_at(data, off) {
+        Span::Chunk(len) => {
+            spans.push((off, len));
+            off = poolsight_schema::align8(off + len as u64);
+        }
+        _ => {
+            warnings.push(Warning {
+                offset: off,
+                what: "the footer slot is missing or cut off; the file is truncated".into(),
+                torn: true,
+            });
+            return spans;
+        }
+    }
+    if let Some(slots) = header.ring {
+        let slot_len = poolsight_schema::align8(header.chunk_size as u64);
+        for i in 0..slots as u64 {
+            let at = off + i * slot_len;
+            match span_at(data, at) {
+                Span::Chunk(len) if len as u64 <= slot_len => spans.push((at, len)),
+                Span::Chunk(_) | Span::Cut { .. } => warnings.push(Warning {
+                    offset: at,
+                    what: format!("ring slot {i} does not hold a whole chunk; skipped"),
+                    torn: true,
+                }),
+                Span::Zero | Span::End => {}
+            }
+        }
+        off += slots as u64 * slot_len;
+    }
+    while off < end {
+        match span_at(data, off) {
+            Span::Chunk(len) => {
+                spans.push((off, len));
+                off = poolsight_schema::align8(off + len as u64);
+            }
+            Span::Cut { claims } => {
+                warnings.push(Warning {
+                    offset: off,
+                    what: format!(
+                        "chunk claims {claims} bytes but the file ends after {}: the file is truncated; the chunk is lost",
+                        end - off
+                    ),
+                    torn: true,
+                });
+                break;
+            }
+            Span::End => break,
+            Span::Zero => {
+                // A chunk never starts with a zero size, so the search starts one word on.
+                let from = off + 8;
+                let next = data
+                    .get(from as usize..)
+                    .unwrap_or_default()
+                    .chunks_exact(8)
+                    .position(|w| w != [0u8; 8])
+                    .map(|i| from + 8 * i as u64);
+                match next {
+                    Some(n) => {
+                        warnings.push(Warning {
+                            offset: off,
+                            what: format!(
+                                "{} bytes were reserved for a chunk that was never written (writer killed mid-chunk?)",
+                                n - off
+                            ),
+                            torn: true,
+                        });
+                        off = n;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+    spans
+}
+
+enum Span {
+    Chunk(u32),
+    Cut { claims: u64 },
+    Zero,
+    End,
+}
+
+fn span_at(data: &[u8], off: u64) -> Span {
+    let off = off as usize;
+    if off + 4 > data.len() {
+        return Span::End;
+    }
+    let size = u32::from_le_bytes([data[off], data[off + 1], data[off + 2], data[off + 3]]) as u64;
+    if size == 0 {
+        return Span::Zero;
+    }
+    let claims = size + 4;
+    if off as u64 + claims > data.len() as u64 {
+        return Span::Cut { claims };
+    }
+    Span::Chunk(claims as u32)
+}
+
+fn verify_chunk(data: &[u8], off: u64, len: u32) -> Result<ChunkInfo, Warning> {
+    let bad = |what: String| Warning {
+        offset: off,
+        what,
+        torn: true,
+    };
+    let buf = &data[off as usize..off as usize + len as usize];
+    // flatbuffers asserts (panics) on buffers too short to hold an identifier.
+    if buf.len() < MIN_PREFIXED_LEN || !fb::chunk_size_prefixed_buffer_has_identifier(buf) {
+        return Err(bad("not a chunk (no \"PSTC\" identifier); skipped".into()));
+    }
+    let chunk = fb::size_prefixed_root_as_chunk_with_opts(&VERIFIER, buf)
+        .map_err(|e| bad(format!("chunk does not verify ({e}); skipped")))?;
+    let meta = chunk.meta();
+    let sealed = meta.state() == fb::ChunkState::Sealed;
+    if sealed {
+        let inner = &buf[4..];
+        let meta_at = meta_offset(inner, meta);
+        let ok = chunk_crc(inner, meta_at, meta.used() as usize) == Some(meta.crc32());
+        if !ok {
+            return Err(bad(
+                "checksum mismatch: the chunk was corrupted after it was written; skipped".into(),
+            ));
+        }
+    }
+    let (kind, events) = match chunk.body_type() {
+        fb::ChunkBody::MemEvents => (
+            ChunkKind::Mem,
+            chunk
+                .body_as_mem_events()
+                .and_then(|b| b.events())
+                .map_or(0, |v| v.len()),
+        ),
+        fb::ChunkBody::ScopeEvents => (
+            ChunkKind::Scope,
+            chunk
+                .body_as_scope_events()
+                .and_then(|b| b.events())
+                .map_or(0, |v| v.len()),
+        ),
+        fb::ChunkBody::MarkEvents => (
+            ChunkKind::Mark,
+            chunk
+                .body_as_mark_events()
+                .and_then(|b| b.events())
+                .map_or(0, |v| v.len()),
+        ),
+        fb::ChunkBody::Defs => (ChunkKind::Defs, 0),
+        fb::ChunkBody::Footer => (ChunkKind::Footer, 0),
+        other => return Err(bad(format!("unknown chunk body type {}; skipped", other.0))),
+    };
+    if matches!(kind, ChunkKind::Defs) && !sealed {
+        return Err(bad("definitions chunk was never sealed; skipped".into()));
+    }
+    Ok(ChunkInfo {
+        offset: off,
+        len,
+        kind,
+        seq: meta.seq(),
+        thread: meta.thread(),
+        base_ticks: meta.base_ticks(),
+        sealed,
+        events: events as u32,
+    })
+}
+
+fn merge_defs(defs: &mut Defs, d: &fb::Defs<'_>) {
+    for s in d.strings().into_iter().flatten() {
+        defs.strings
+            .insert(s.id(), s.text().unwrap_or("").to_owned());
+    }
+    for f in d.frames().into_iter().flatten() {
+        defs.frames.insert(
+            f.id(),
+            FrameDef {
+                kind: f.kind(),
+                phase: f.phase(),
+                line: f.line(),
+                file: f.file(),
+                name: f.name(),
+            },
+        );
+    }
+    for s in d.stacks().into_iter().flatten() {
+        defs.stacks.insert(s.id(), (s.parent(), s.frame()));
+    }
+    for t in d.threads().into_iter().flatten() {
+        defs.threads.push(ThreadDef {
+            id: t.id(),
+            os_tid: t.os_tid(),
+            name: t.name().unwrap_or("").to_owned(),
+        });
+    }
+    for dev in d.devices().into_iter().flatten() {
+        defs.devices.push(device_def(&dev));
+    }
+}
+
+fn device_def(d: &fb::DeviceDef<'_>) -> DeviceDef {
+    DeviceDef {
+        id: d.id(),
+        name: d.name().unwrap_or("").to_owned(),
+        capacity: d.capacity(),
+        allocation_unit: d.allocation_unit(),
+    }
+}

@@ -1,0 +1,526 @@
+//! The trace format end to end: record with the writer, read with the analyzer's reader.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use poolsight::analyzer::{info, ChunkKind, Trace};
+use poolsight::recorder::{fb, DeviceInfo, Frame, MemRecord, Mode, Recorder, RecorderConfig};
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("poolsight-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn small_config() -> RecorderConfig {
+    RecorderConfig {
+        chunk_size: 4096,
+        calibration: std::time::Duration::from_millis(1),
+        ..RecorderConfig::default()
+    }
+}
+
+fn mem(kind: fb::MemKind, ptr: u64, bytes: u64) -> MemRecord {
+    MemRecord {
+        kind,
+        device: 3,
+        stream: 7,
+        ptr,
+        bytes,
+        stack: 0,
+        pmem: 9,
+    }
+}
+
+fn all_mem(trace: &Trace) -> Vec<(u32, fb::MemEvent)> {
+    let mut out = Vec::new();
+    for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
+        for (_, e) in trace.mem_timeline(c) {
+            out.push((c.thread, *e));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_event_kind_round_trips() {
+    let path = tmp("kinds.pstrace");
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            rank: Some(1),
+            world_size: Some(4),
+            devices: vec![DeviceInfo {
+                id: 0,
+                name: "host".into(),
+                capacity: 1 << 30,
+                allocation_unit: 512,
+            }],
+            ..small_config()
+        },
+    )
+    .unwrap();
+    let h = rec.handle();
+    let kinds = [
+        fb::MemKind::MallocPre,
+        fb::MemKind::MallocPost,
+        fb::MemKind::AllocPre,
+        fb::MemKind::AllocPost,
+        fb::MemKind::FreePre,
+        fb::MemKind::FreePost,
+        fb::MemKind::Release,
+        fb::MemKind::OutOfMemory,
+        fb::MemKind::LimitSet,
+    ];
+    let frame = h.intern_frame(&Frame {
+        kind: fb::FrameKind::Function,
+        phase: fb::Phase::Backward,
+        file: "model.py".into(),
+        line: 42,
+        name: "LinearFunction".into(),
+    });
+    let stack = h.intern_stack(0, frame);
+    for (i, k) in kinds.iter().enumerate() {
+        h.record_mem(MemRecord {
+            stack,
+            ..mem(*k, 0x1000 + i as u64, 512 * (i as u64 + 1))
+        });
+    }
+    let start = poolsight::recorder::writer::now_ticks();
+    h.record_scope(stack, start);
+    h.record_mark(fb::MarkKind::EpochBegin, 1, 100, 0);
+    h.record_mark(fb::MarkKind::EpochEnd, 1, 150, 175);
+    h.record_mark(fb::MarkKind::CpuSample, 0, 123, 0);
+    h.define_device(DeviceInfo {
+        id: 1,
+        name: "second".into(),
+        capacity: 2 << 30,
+        allocation_unit: 512,
+    });
+    let summary = rec.finish().unwrap();
+    assert_eq!(summary.events, 9 + 1 + 3);
+    assert_eq!(summary.dropped_events, 0);
+
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert!(trace.footer.is_some());
+    assert_eq!(trace.header.rank, Some(1));
+    assert_eq!(trace.header.world_size, Some(4));
+    let events = all_mem(&trace);
+    assert_eq!(events.len(), kinds.len());
+    for (i, ((_, e), k)) in events.iter().zip(kinds).enumerate() {
+        assert_eq!(e.kind(), k);
+        assert_eq!(e.ptr(), 0x1000 + i as u64);
+        assert_eq!(e.bytes(), 512 * (i as u64 + 1));
+        assert_eq!(
+            (e.device(), e.stream(), e.stack(), e.pmem()),
+            (3, 7, stack, 9)
+        );
+    }
+    let (parent, fid) = trace.defs.stacks[&stack];
+    assert_eq!(parent, 0);
+    let f = trace.defs.frames[&fid];
+    assert_eq!(trace.defs.string(f.file), "model.py");
+    assert_eq!(trace.defs.string(f.name), "LinearFunction");
+    assert_eq!(
+        (f.kind, f.phase, f.line),
+        (fb::FrameKind::Function, fb::Phase::Backward, 42)
+    );
+    let marks: Vec<_> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mark)
+        .flat_map(|c| trace.mark_events(c).iter().copied())
+        .collect();
+    assert_eq!(marks.len(), 3);
+    assert_eq!(
+        (marks[1].kind(), marks[1].aux(), marks[1].a(), marks[1].b()),
+        (fb::MarkKind::EpochEnd, 1, 150, 175)
+    );
+    let info = info::info(&trace);
+    assert_eq!(info.events["function"], 1);
+    assert_eq!(info.events["out_of_memory"], 1);
+    assert_eq!(info.events["epoch_end"], 1);
+    assert_eq!(info.devices.len(), 2);
+    assert_eq!(info.threads.len(), 1);
+    assert!(info.finished);
+}
+
+#[test]
+fn timestamps_survive_long_gaps_via_rebase() {
+    let path = tmp("rebase.pstrace");
+    let rec = Recorder::create(&path, small_config()).unwrap();
+    let h = rec.handle();
+    h.record_mem(mem(fb::MemKind::MallocPost, 1, 512));
+    // 2^32 ticks is about 1.4 s at 3 GHz: sleep past it so the delta cannot fit.
+    let gap = (u32::MAX as f64 / h.ticks_per_ns()) as u64 + 50_000_000;
+    std::thread::sleep(std::time::Duration::from_nanos(gap));
+    h.record_mem(mem(fb::MemKind::FreePost, 1, 512));
+    rec.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    let c = trace
+        .chunks
+        .iter()
+        .find(|c| c.kind == ChunkKind::Mem)
+        .unwrap();
+    let ticks: Vec<u64> = trace.mem_timeline(c).map(|(t, _)| t).collect();
+    assert_eq!(ticks.len(), 2);
+    let ns = trace.ticks_to_ns(ticks[1] - ticks[0]);
+    assert!(
+        ns >= gap && ns < gap + 2_000_000_000,
+        "gap {gap} ns read back as {ns}"
+    );
+}
+
+#[test]
+fn eight_threads_lose_and_duplicate_nothing() {
+    const THREADS: u64 = 8;
+    const PER_THREAD: u64 = 1_000_000;
+    let path = tmp("threads.pstrace");
+    let rec = Recorder::create(&path, RecorderConfig::default()).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let h = rec.handle();
+            s.spawn(move || {
+                for i in 0..PER_THREAD {
+                    h.record_mem(mem(fb::MemKind::MallocPost, (t << 32) | i, 512));
+                }
+            });
+        }
+    });
+    let summary = rec.finish().unwrap();
+    assert_eq!(summary.events, THREADS * PER_THREAD);
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let mut seen = vec![vec![false; PER_THREAD as usize]; THREADS as usize];
+    let mut by_writer_thread: HashMap<u32, u64> = HashMap::new();
+    for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
+        assert!(c.sealed);
+        for e in trace.mem_events(c) {
+            let (t, i) = ((e.ptr() >> 32) as usize, (e.ptr() & 0xffff_ffff) as usize);
+            assert!(!seen[t][i], "event {i} of thread {t} read twice");
+            seen[t][i] = true;
+            *by_writer_thread.entry(c.thread).or_default() += 1;
+        }
+    }
+    for (t, s) in seen.iter().enumerate() {
+        let missing = s.iter().filter(|x| !**x).count();
+        assert_eq!(missing, 0, "thread {t} lost {missing} events");
+    }
+    assert_eq!(by_writer_thread.len(), THREADS as usize);
+    assert!(by_writer_thread.values().all(|&n| n == PER_THREAD));
+}
+
+#[test]
+fn ring_mode_keeps_exactly_the_newest_chunks() {
+    let path = tmp("ring.pstrace");
+    let slots = 4;
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            mode: Mode::Ring { slots },
+            ..small_config()
+        },
+    )
+    .unwrap();
+    let h = rec.handle();
+    let total = 2_000u64; // about 16 chunks of 4 KiB
+    for i in 0..total {
+        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+    }
+    rec.finish().unwrap();
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let mem_chunks: Vec<_> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mem)
+        .collect();
+    assert_eq!(mem_chunks.len(), slots as usize);
+    // Reserved in order, so the newest chunks have consecutive sequence numbers.
+    for w in mem_chunks.windows(2) {
+        assert_eq!(w[1].seq, w[0].seq + 1);
+    }
+    let ids: Vec<u64> = all_mem(&trace).iter().map(|(_, e)| e.ptr()).collect();
+    assert!(ids.len() < total as usize);
+    let first = total - ids.len() as u64;
+    assert_eq!(
+        ids,
+        (first..total).collect::<Vec<_>>(),
+        "not the newest events, in order"
+    );
+    let per_chunk = mem_chunks[0].events as u64;
+    assert_eq!(
+        ids.len() as u64,
+        per_chunk * (slots as u64 - 1) + mem_chunks[3].events as u64
+    );
+}
+
+/// Re-executed as a child process by `sigkill_loses_nothing_recorded_before_the_kill`.
+#[test]
+fn sigkill_child_entry() {
+    let Some(path) = std::env::var_os("POOLSIGHT_KILL_CHILD") else {
+        return;
+    };
+    use std::io::Write;
+    let rec = Recorder::create(PathBuf::from(path), small_config()).unwrap();
+    let h = rec.handle();
+    let mut stdout = std::io::stdout();
+    for i in 0u64.. {
+        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+        if i % 1000 == 999 {
+            // Everything up to i is recorded before the parent can read this line.
+            let _ = writeln!(stdout, "{}", i + 1);
+            let _ = stdout.flush();
+        }
+    }
+}
+
+#[test]
+fn sigkill_loses_nothing_recorded_before_the_kill() {
+    use std::io::{BufRead, BufReader};
+    let path = tmp("killed.pstrace");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "sigkill_child_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("POOLSIGHT_KILL_CHILD", &path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut acknowledged = 0u64;
+    while acknowledged < 200_000 {
+        match lines.next() {
+            Some(Ok(l)) => {
+                if let Ok(n) = l.trim().parse::<u64>() {
+                    acknowledged = n;
+                }
+            }
+            _ => panic!("child stopped early"),
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+
+    let trace = Trace::open(&path).unwrap();
+    assert!(
+        trace.footer.is_none(),
+        "a killed writer cannot have sealed the file"
+    );
+    let ids: Vec<u64> = all_mem(&trace).iter().map(|(_, e)| e.ptr()).collect();
+    assert!(
+        ids.len() as u64 >= acknowledged,
+        "read {} events, child had recorded at least {acknowledged}",
+        ids.len()
+    );
+    assert_eq!(
+        ids,
+        (0..ids.len() as u64).collect::<Vec<_>>(),
+        "events missing or out of order"
+    );
+    let info = info::info(&trace);
+    assert!(!info.finished);
+    assert_eq!(info.events["malloc_post"], ids.len() as u64);
+}
+
+fn small_trace(path: &Path) -> Vec<u8> {
+    let rec = Recorder::create(path, small_config()).unwrap();
+    let h = rec.handle();
+    let frame = h.intern_frame(&Frame {
+        kind: fb::FrameKind::Link,
+        phase: fb::Phase::None,
+        file: "train.rs".into(),
+        line: 7,
+        name: "MLP".into(),
+    });
+    let stack = h.intern_stack(0, frame);
+    for i in 0..300u64 {
+        h.record_mem(MemRecord {
+            stack,
+            ..mem(fb::MemKind::MallocPost, i, 512)
+        });
+        h.record_scope(stack, poolsight::recorder::writer::now_ticks());
+    }
+    h.record_mark(fb::MarkKind::EpochBegin, 1, 0, 0);
+    rec.finish().unwrap();
+    std::fs::read(path).unwrap()
+}
+
+fn event_bytes(trace: &Trace) -> Vec<(u64, Vec<u8>)> {
+    trace
+        .chunks
+        .iter()
+        .flat_map(|c| {
+            let bytes: Vec<u8> = match c.kind {
+                ChunkKind::Mem => trace.mem_events(c).iter().flat_map(|e| e.0).collect(),
+                ChunkKind::Scope => trace.scope_events(c).iter().flat_map(|e| e.0).collect(),
+                ChunkKind::Mark => trace.mark_events(c).iter().flat_map(|e| e.0).collect(),
+                _ => Vec::new(),
+            };
+            (!bytes.is_empty()).then_some((c.offset, bytes))
+        })
+        .collect()
+}
+
+#[test]
+fn truncation_at_every_offset_gives_partial_results_or_a_clear_error() {
+    let path = tmp("full.pstrace");
+    let full = small_trace(&path);
+    let whole = Trace::open(&path).unwrap();
+    assert!(whole.warnings.is_empty());
+    let whole_events = event_bytes(&whole);
+    let cut_path = tmp("cut.pstrace");
+    let mut errors = 0;
+    for len in 0..full.len() {
+        std::fs::write(&cut_path, &full[..len]).unwrap();
+        match Trace::open(&cut_path) {
+            Err(e) => {
+                errors += 1;
+                let msg = e.to_string();
+                assert!(
+                    !msg.contains('\n') && msg.contains("cut.pstrace"),
+                    "unclear error: {msg}"
+                );
+            }
+            Ok(t) => {
+                assert!(
+                    !t.warnings.is_empty(),
+                    "a {len}-byte cut of a {}-byte trace read without a warning",
+                    full.len()
+                );
+                // Whatever is read is exactly what was written.
+                for (off, bytes) in event_bytes(&t) {
+                    let orig = whole_events
+                        .iter()
+                        .find(|(o, _)| *o == off)
+                        .expect("chunk exists in the whole trace");
+                    assert!(orig.1.starts_with(&bytes));
+                }
+                let _ = info::info(&t);
+            }
+        }
+    }
+    assert!(errors > 0 && errors < full.len());
+}
+
+#[test]
+fn a_corrupted_event_fails_its_chunk_checksum() {
+    let path = tmp("corrupt.pstrace");
+    let mut bytes = small_trace(&path);
+    let whole = Trace::open(&path).unwrap();
+    let c = *whole
+        .chunks
+        .iter()
+        .find(|c| c.kind == ChunkKind::Mem && c.sealed)
+        .unwrap();
+    let e = &whole.mem_events(&c)[5];
+    let at = e.0.as_ptr() as usize - whole.bytes().as_ptr() as usize + 16; // inside `bytes`
+    drop(whole);
+    bytes[at] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let t = Trace::open(&path).unwrap();
+    assert!(
+        t.warnings
+            .iter()
+            .any(|w| w.offset == c.offset && w.what.contains("checksum")),
+        "{:?}",
+        t.warnings
+    );
+    assert!(
+        t.chunks.iter().all(|x| x.offset != c.offset),
+        "the corrupt chunk must not be read"
+    );
+}
+
+#[test]
+fn foreign_and_future_files_are_refused_clearly() {
+    let path = tmp("foreign.pstrace");
+    std::fs::write(&path, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR and so on").unwrap();
+    let msg = Trace::open(&path).err().unwrap().to_string();
+    assert!(msg.contains("not a poolsight trace"), "{msg}");
+
+    let mut bytes = small_trace(&path);
+    bytes[8] = 9; // major version 9
+    std::fs::write(&path, &bytes).unwrap();
+    let msg = Trace::open(&path).err().unwrap().to_string();
+    assert!(msg.contains("format 9.0 is not supported"), "{msg}");
+
+    let missing = Trace::open(tmp("does-not-exist.pstrace"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(missing.contains("No such file"), "{missing}");
+}
+
+#[test]
+fn unwritable_path_is_a_clear_create_error() {
+    let err = Recorder::create("/proc/definitely/not/here.pstrace", small_config())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with("cannot create trace file /proc/definitely/not/here.pstrace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_full_file_stops_recording_and_counts_what_it_drops() {
+    let path = tmp("full-disk.pstrace");
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            max_bytes: 64 << 10,
+            ..small_config()
+        },
+    )
+    .unwrap();
+    let h = rec.handle();
+    let n = 10_000u64;
+    for i in 0..n {
+        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+    }
+    let summary = rec.finish().unwrap();
+    assert!(summary.dropped_events > 0);
+    let trace = Trace::open(&path).unwrap();
+    let read = all_mem(&trace).len() as u64;
+    assert_eq!(
+        read + summary.dropped_events,
+        n,
+        "every event is either in the file or counted as dropped"
+    );
+    assert_eq!(trace.footer.unwrap().dropped_events, summary.dropped_events);
+}
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+        /// Random byte edits anywhere in a valid trace: the reader must never panic.
+        #[test]
+        fn random_corruption_never_panics(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..16)) {
+            let base = tmp("fuzz-base.pstrace");
+            let mut bytes = match std::fs::read(&base) {
+                Ok(b) if !b.is_empty() => b,
+                _ => small_trace(&base),
+            };
+            for (idx, v) in edits {
+                let i = idx.index(bytes.len());
+                bytes[i] = v;
+            }
+            let path = tmp(&format!("fuzz-{}.pstrace", std::thread::current().name().unwrap_or("t").replace("::", "_")));
+            std::fs::write(&path, &bytes).unwrap();
+            if let Ok(t) = Trace::open(&path) {
+                let _ = info::info(&t);
+            }
+        }
+    }
+}
