@@ -85,11 +85,15 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("record_one_event");
     g.measurement_time(Duration::from_secs(3));
     g.sample_size(20);
-    g.bench_function("poolsight_grow", |b| b.iter_custom(|n| poolsight(n, Mode::Grow)));
+    g.bench_function("poolsight_grow", |b| {
+        b.iter_custom(|n| poolsight(n, Mode::Grow))
+    });
     g.bench_function("poolsight_ring", |b| {
         b.iter_custom(|n| poolsight(n, Mode::Ring { slots: 512 }))
     });
-    g.bench_function("measureme_record_instant_event", |b| b.iter_custom(measureme));
+    g.bench_function("measureme_record_instant_event", |b| {
+        b.iter_custom(measureme)
+    });
     g.finish();
     bytes_per_event();
 }

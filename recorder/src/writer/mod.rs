@@ -97,7 +97,13 @@ pub struct Summary {
     pub file_bytes: u64,
 }
 
+/// Keys per-recorder caches in thread-locals: a counter, never an address, because an address
+/// can be reused by a later recorder whose ids differ.
+static NEXT_RECORDER_ID: AtomicU64 = AtomicU64::new(1);
+
 pub(crate) struct Shared {
+    id: u64,
+    cpu_source: CpuSource,
     file: MappedFile,
     templates: [Template; 3],
     chunk_len: u64,
@@ -189,6 +195,8 @@ impl Recorder {
         file.write_at(footer.offset, &footer_bytes);
         file.write_at(footer.offset, &((footer.len - 4) as u32).to_le_bytes());
         let shared = Shared {
+            id: NEXT_RECORDER_ID.fetch_add(1, Ordering::Relaxed),
+            cpu_source: config.cpu_source,
             file,
             templates: Stream::ALL.map(Template::build),
             chunk_len,
@@ -326,6 +334,16 @@ impl Handle {
     /// Whether two handles write the same file.
     pub fn same_recorder(&self, other: &Handle) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// Unique among the recorders of this process, never reused.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Where this recorder's CPU memory figures come from (as written in the header).
+    pub fn cpu_source(&self) -> CpuSource {
+        self.shared.cpu_source
     }
 
     /// Ticks-per-ns measured at start.

@@ -1,0 +1,211 @@
+//! The hook that writes the trace: every pool callback becomes one fixed-size memory event.
+//!
+//! What goes into each event's fields is fixed by `MemKind` in schema/trace.fbs; this file is
+//! the one place that maps the pool's hook arguments onto it. Allocations carry the stack of the
+//! scopes open on the calling thread plus the call site (see [`crate::scope`]), which is what
+//! the line and function reports are built from.
+
+use std::sync::{Arc, Mutex};
+
+use crate::fb;
+use crate::hooks::{
+    self, AllocPost, AllocPre, FreeInfo, GlobalHookGuard, HookGuard, LimitSet, MallocPost,
+    MallocPre, MemoryHook, OutOfMemory, Release,
+};
+use crate::pool::{MemoryPool, ALLOCATION_UNIT_SIZE};
+use crate::scope::allocation_stack;
+use crate::writer::{DeviceInfo, Handle, MemRecord};
+
+/// Writes the pool's hook events into a recorder's trace.
+///
+/// By default only the post events are written: they carry everything the reports need (the
+/// pre events repeat the request without the answer), so leaving them out halves the trace.
+/// [`TraceHook::with_pre_events`] keeps them, for a replay that must match CuPy's callback
+/// sequence one to one.
+pub struct TraceHook {
+    handle: Handle,
+    pre_events: bool,
+}
+
+impl TraceHook {
+    /// A hook writing to `handle`'s recorder. Pools whose device the trace should describe
+    /// (name, capacity, rounding unit) are announced with [`define_pool_device`], or use
+    /// [`TraceHook::for_pool`].
+    pub fn new(handle: Handle) -> Self {
+        TraceHook {
+            handle,
+            pre_events: false,
+        }
+    }
+
+    /// A hook writing to `handle`'s recorder, with `pool`'s device defined in the trace.
+    pub fn for_pool(handle: Handle, pool: &MemoryPool) -> Self {
+        define_pool_device(&handle, pool);
+        Self::new(handle)
+    }
+
+    /// Also write `MallocPre`, `AllocPre` and `FreePre` events.
+    pub fn with_pre_events(mut self, on: bool) -> Self {
+        self.pre_events = on;
+        self
+    }
+
+    /// The recorder this hook writes to.
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Registers the hook for the calling thread until the guard drops (CuPy's `with hook:`).
+    pub fn install(self) -> HookGuard {
+        hooks::register(Arc::new(self))
+    }
+
+    /// Registers the hook for every thread of the process until the guard drops, for programs
+    /// that allocate from worker threads.
+    pub fn install_global(self) -> GlobalHookGuard {
+        hooks::register_global(Arc::new(self))
+    }
+}
+
+impl std::fmt::Debug for TraceHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceHook")
+            .field("path", &self.handle.path())
+            .field("pre_events", &self.pre_events)
+            .finish()
+    }
+}
+
+/// (recorder id, device id) pairs already defined, so that several hooks or pools on one device
+/// define it once.
+static DEFINED: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
+
+/// Defines `pool`'s device in `handle`'s trace, once per recorder and device, so that reports
+/// can name the device and know its capacity and rounding unit.
+pub fn define_pool_device(handle: &Handle, pool: &MemoryPool) {
+    let key = (handle.id(), pool.device_id());
+    {
+        let mut defined = DEFINED.lock().unwrap_or_else(|e| e.into_inner());
+        if defined.contains(&key) {
+            return;
+        }
+        defined.push(key);
+    }
+    let device = pool.device();
+    handle.define_device(DeviceInfo {
+        id: pool.device_id(),
+        name: device.name(),
+        capacity: device.capacity(),
+        allocation_unit: ALLOCATION_UNIT_SIZE,
+    });
+}
+
+/// An event with everything but the kind, device and stream zeroed, for struct-update syntax.
+#[inline]
+fn event(kind: fb::MemKind, device: u32, stream: u32) -> MemRecord {
+    MemRecord {
+        kind,
+        // The format stores devices in a byte and streams in 16 bits; larger ids saturate
+        // rather than alias another device or stream.
+        device: device.min(u8::MAX as u32) as u8,
+        stream: stream.min(u16::MAX as u32) as u16,
+        ptr: 0,
+        bytes: 0,
+        stack: 0,
+        pmem: 0,
+    }
+}
+
+/// The format keeps the low 32 bits of a pmem id: enough to pair a free with its malloc among
+/// the allocations alive at once.
+#[inline]
+fn low32(pmem_id: u64) -> u32 {
+    pmem_id as u32
+}
+
+impl MemoryHook for TraceHook {
+    fn name(&self) -> &str {
+        "TraceHook"
+    }
+
+    fn malloc_preprocess(&self, i: &MallocPre) {
+        if self.pre_events {
+            self.handle.record_mem(MemRecord {
+                bytes: i.size,
+                stack: allocation_stack(&self.handle, i.caller),
+                ..event(fb::MemKind::MallocPre, i.device_id, i.stream)
+            });
+        }
+    }
+
+    fn malloc_postprocess(&self, i: &MallocPost) {
+        self.handle.record_mem(MemRecord {
+            ptr: i.mem_ptr,
+            bytes: i.size,
+            stack: allocation_stack(&self.handle, i.caller),
+            pmem: low32(i.pmem_id),
+            ..event(fb::MemKind::MallocPost, i.device_id, i.stream)
+        });
+    }
+
+    fn alloc_preprocess(&self, i: &AllocPre) {
+        if self.pre_events {
+            self.handle.record_mem(MemRecord {
+                bytes: i.mem_size,
+                stack: allocation_stack(&self.handle, i.caller),
+                ..event(fb::MemKind::AllocPre, i.device_id, i.stream)
+            });
+        }
+    }
+
+    fn alloc_postprocess(&self, i: &AllocPost) {
+        self.handle.record_mem(MemRecord {
+            ptr: i.mem_ptr,
+            bytes: i.mem_size,
+            stack: allocation_stack(&self.handle, i.caller),
+            ..event(fb::MemKind::AllocPost, i.device_id, i.stream)
+        });
+    }
+
+    fn free_preprocess(&self, i: &FreeInfo) {
+        if self.pre_events {
+            self.handle.record_mem(free_event(fb::MemKind::FreePre, i));
+        }
+    }
+
+    fn free_postprocess(&self, i: &FreeInfo) {
+        self.handle.record_mem(free_event(fb::MemKind::FreePost, i));
+    }
+
+    fn release(&self, i: &Release) {
+        self.handle.record_mem(MemRecord {
+            bytes: i.bytes,
+            ..event(fb::MemKind::Release, i.device_id, i.stream)
+        });
+    }
+
+    fn out_of_memory(&self, i: &OutOfMemory) {
+        self.handle.record_mem(MemRecord {
+            ptr: i.total,
+            bytes: i.requested,
+            ..event(fb::MemKind::OutOfMemory, i.device_id, i.stream)
+        });
+    }
+
+    fn limit_set(&self, i: &LimitSet) {
+        self.handle.record_mem(MemRecord {
+            bytes: i.limit,
+            ..event(fb::MemKind::LimitSet, i.device_id, 0)
+        });
+    }
+}
+
+#[inline]
+fn free_event(kind: fb::MemKind, i: &FreeInfo) -> MemRecord {
+    MemRecord {
+        ptr: i.mem_ptr,
+        bytes: i.mem_size,
+        pmem: low32(i.pmem_id),
+        ..event(kind, i.device_id, i.stream)
+    }
+}

@@ -1,0 +1,236 @@
+//! The TraceHook turns each pool callback into the memory event trace.fbs describes, with the
+//! allocation's stack (open scopes plus the call site).
+
+mod common;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use common::{trace_path, Trace};
+use poolsight_recorder::device::HostDevice;
+use poolsight_recorder::fb::{self, MemKind};
+use poolsight_recorder::pool::MemoryPool;
+use poolsight_recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+
+/// Global hooks see every thread's pool operations, so tests of this file that install one run
+/// alone.
+static GLOBAL_LOCK: Mutex<()> = Mutex::new(());
+
+fn global_lock() -> MutexGuard<'static, ()> {
+    GLOBAL_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn setup(name: &str, capacity: u64) -> (Recorder, MemoryPool) {
+    let rec = Recorder::create(trace_path(name), RecorderConfig::default()).expect("recorder");
+    let pool = MemoryPool::new(Arc::new(HostDevice::new(3, capacity)));
+    (rec, pool)
+}
+
+fn kinds(t: &Trace) -> Vec<MemKind> {
+    t.mem.iter().map(|e| e.kind()).collect()
+}
+
+#[test]
+fn malloc_and_free_become_post_events_with_the_pool_figures() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-basic", 1 << 20);
+    let path = rec.path();
+    let (ptr, pmem, line) = {
+        let _hook = TraceHook::for_pool(rec.handle(), &pool).install();
+        let (m, line) = (pool.malloc(1000).expect("malloc"), line!());
+        let reused = {
+            drop(pool.malloc(1000).expect("malloc"));
+            pool.malloc(700).expect("malloc")
+        };
+        drop(reused);
+        (m.ptr(), m.pmem_id(), line)
+    };
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    assert_eq!(
+        kinds(&t),
+        [
+            MemKind::AllocPost,
+            MemKind::MallocPost,
+            MemKind::AllocPost,
+            MemKind::MallocPost,
+            MemKind::FreePost,
+            MemKind::MallocPost,
+            MemKind::FreePost,
+            MemKind::FreePost,
+        ]
+    );
+    let first_alloc = t.mem[0];
+    assert_eq!((first_alloc.bytes(), first_alloc.ptr()), (1024, ptr));
+    let malloc = t.mem[1];
+    assert_eq!(malloc.device(), 3);
+    assert_eq!(
+        malloc.bytes(),
+        1000,
+        "MallocPost carries the requested size"
+    );
+    assert_eq!((malloc.ptr(), malloc.pmem() as u64), (ptr, pmem));
+    assert_eq!(
+        malloc.stack(),
+        first_alloc.stack(),
+        "alloc shares the malloc's stack"
+    );
+    let reuse = t.mem[5];
+    assert_eq!(reuse.bytes(), 700);
+    let free_of_first = t.mem[7];
+    assert_eq!(free_of_first.bytes(), 1024, "FreePost carries mem_size");
+    assert_eq!(
+        (free_of_first.ptr(), free_of_first.pmem() as u64),
+        (ptr, pmem)
+    );
+    assert_eq!(free_of_first.stack(), 0);
+
+    let site = t.frame(malloc.stack());
+    assert_eq!(site.kind, fb::FrameKind::Site);
+    assert_eq!((site.file.as_str(), site.line), (file!(), line));
+    assert_eq!(site.name, "<top>", "outside any scope");
+    assert_eq!(t.parent(malloc.stack()), 0);
+
+    assert_eq!(t.devices.len(), 1);
+    assert_eq!(t.devices[0].id, 3);
+    assert_eq!(t.devices[0].capacity, 1 << 20);
+    assert_eq!(t.devices[0].allocation_unit, 512);
+}
+
+#[test]
+fn an_allocation_stack_is_the_open_scopes_plus_the_call_site() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-stacks", 1 << 20);
+    let path = rec.path();
+    let h = rec.handle();
+    let (outer_scope, line) = {
+        let _hook = TraceHook::new(h.clone()).install();
+        let _link = h.link("Linear");
+        let f = h.function("LinearFunction", Phase::Forward);
+        let mut kept = Vec::new();
+        let mut line = 0;
+        for _ in 0..3 {
+            let m;
+            (m, line) = (pool.malloc(2048).expect("malloc"), line!());
+            kept.push(m);
+        }
+        (f.stack(), line)
+    };
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let mallocs = t.mem_of(MemKind::MallocPost);
+    assert_eq!(mallocs.len(), 3);
+    let stack = mallocs[0].stack();
+    assert!(
+        mallocs.iter().all(|m| m.stack() == stack),
+        "one site, one stack"
+    );
+    assert_eq!(t.parent(stack), outer_scope);
+    assert_eq!(
+        t.names(stack),
+        ["Linear", "LinearFunction", "LinearFunction"]
+    );
+    let site = t.frame(stack);
+    assert_eq!((site.kind, site.line), (fb::FrameKind::Site, line));
+    assert!(t.devices.is_empty(), "TraceHook::new defines no device");
+}
+
+#[test]
+fn pre_events_follow_cupys_callback_order_when_asked_for() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-pre", 1 << 20);
+    let path = rec.path();
+    {
+        let _hook = TraceHook::for_pool(rec.handle(), &pool)
+            .with_pre_events(true)
+            .install();
+        drop(pool.malloc(100).expect("malloc"));
+    }
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    assert_eq!(
+        kinds(&t),
+        [
+            MemKind::MallocPre,
+            MemKind::AllocPre,
+            MemKind::AllocPost,
+            MemKind::MallocPost,
+            MemKind::FreePre,
+            MemKind::FreePost,
+        ]
+    );
+    assert_eq!(t.mem[0].bytes(), 100);
+    assert_eq!(t.mem[1].bytes(), 512);
+    assert_eq!(t.mem[0].stack(), t.mem[3].stack());
+    assert_ne!(t.mem[0].stack(), 0);
+}
+
+#[test]
+fn limit_out_of_memory_and_release_are_recorded() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-oom", 1 << 20);
+    let path = rec.path();
+    {
+        let _hook = TraceHook::for_pool(rec.handle(), &pool).install();
+        pool.set_limit(4096);
+        let held = pool.malloc(3000).expect("malloc");
+        assert!(pool.malloc(2000).is_err(), "over the limit");
+        drop(held);
+        assert_eq!(pool.free_all_blocks(None), 3072);
+    }
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let limit = t.mem_of(MemKind::LimitSet);
+    assert_eq!(limit.len(), 1);
+    assert_eq!(limit[0].bytes(), 4096);
+    let oom = t.mem_of(MemKind::OutOfMemory);
+    assert_eq!(oom.len(), 1);
+    assert_eq!(oom[0].bytes(), 2048, "requested, rounded");
+    assert_eq!(oom[0].ptr(), 3072, "held from the device");
+    let failed: Vec<_> = t
+        .mem_of(MemKind::MallocPost)
+        .into_iter()
+        .filter(|m| m.ptr() == 0)
+        .collect();
+    assert_eq!(failed.len(), 1, "the failed malloc's post event");
+    assert_eq!((failed[0].bytes(), failed[0].pmem()), (2000, 0));
+    let release = t.mem_of(MemKind::Release);
+    assert_eq!(release.len(), 1);
+    assert_eq!(release[0].bytes(), 3072);
+}
+
+#[test]
+fn a_device_is_defined_once_per_recorder() {
+    let (rec, pool) = setup("hook-device-once", 1 << 20);
+    let path = rec.path();
+    let _a = TraceHook::for_pool(rec.handle(), &pool);
+    let _b = TraceHook::for_pool(rec.handle(), &pool.clone());
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    assert_eq!(t.devices.len(), 1);
+    assert_eq!(t.devices[0].id, 3);
+}
+
+#[test]
+fn a_global_hook_records_other_threads_with_their_own_stacks() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-global", 1 << 20);
+    let path = rec.path();
+    let h = rec.handle();
+    {
+        let _hook = TraceHook::for_pool(h.clone(), &pool).install_global();
+        let _main_scope = h.scope("main");
+        let (h2, pool2) = (h.clone(), pool.clone());
+        std::thread::spawn(move || {
+            let _s = h2.scope("worker");
+            drop(pool2.malloc(512).expect("malloc"));
+        })
+        .join()
+        .expect("worker");
+    }
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let mallocs = t.mem_of(MemKind::MallocPost);
+    assert_eq!(mallocs.len(), 1);
+    assert_eq!(t.names(mallocs[0].stack()), ["worker", "worker"]);
+    assert_eq!(t.mem_of(MemKind::FreePost).len(), 1);
+}
