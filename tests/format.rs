@@ -524,3 +524,59 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
+    let bin = env!("CARGO_BIN_EXE_poolsight");
+    let foreign = tmp("cli-foreign.pstrace");
+    std::fs::write(&foreign, b"GIF89a not a trace at all").unwrap();
+    let future = tmp("cli-future.pstrace");
+    let mut bytes = small_trace(&future);
+    bytes[8] = 2;
+    std::fs::write(&future, &bytes).unwrap();
+    for (path, needle) in [
+        (&foreign, "not a poolsight trace"),
+        (&future, "format 2.0 is not supported"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("info")
+            .arg(path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("poolsight: ") && err.contains(needle),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty());
+    }
+    let usage = std::process::Command::new(bin)
+        .args(["info", "--bogus-flag"])
+        .output()
+        .unwrap();
+    assert_eq!(usage.status.code(), Some(2));
+    let good = tmp("cli-good.pstrace");
+    small_trace(&good);
+    let out = std::process::Command::new(bin)
+        .args(["info", "--format", "json"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "format_version",
+        "events",
+        "threads",
+        "devices",
+        "duration_ns",
+        "torn_chunks",
+        "dropped_events",
+    ] {
+        assert!(json.get(key).is_some(), "missing key {key}");
+    }
+    assert_eq!(json["events"]["malloc_post"], 300);
+    assert_eq!(json["format_version"], "1.0");
+}
