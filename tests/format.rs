@@ -256,12 +256,12 @@ fn ring_mode_keeps_exactly_the_newest_chunks() {
     );
 }
 
-/// Re-executed as a child process by `sigkill_loses_nothing_recorded_before_the_kill`.
+/// Not a test: the child process of `sigkill_loses_nothing_recorded_before_the_kill`, which
+/// runs it with `--ignored` and the trace path in the environment.
 #[test]
+#[ignore = "child process of the SIGKILL test"]
 fn sigkill_child_entry() {
-    let Some(path) = std::env::var_os("POOLSIGHT_KILL_CHILD") else {
-        return;
-    };
+    let path = std::env::var_os("POOLSIGHT_KILL_CHILD").expect("run by the SIGKILL test");
     use std::io::Write;
     let rec = Recorder::create(PathBuf::from(path), small_config()).unwrap();
     let h = rec.handle();
@@ -284,6 +284,7 @@ fn sigkill_loses_nothing_recorded_before_the_kill() {
         .args([
             "--exact",
             "sigkill_child_entry",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
