@@ -21,8 +21,6 @@
 //! ids only mean something in the file they were interned in.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::marker::PhantomData;
 use std::panic::Location;
 
@@ -46,53 +44,9 @@ impl From<Phase> for fb::Phase {
     }
 }
 
-/// rustc's Fx hash: the keys here are a few integers, for which SipHash's DoS resistance buys
-/// nothing and costs most of a cache hit.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct FxHasher {
-    hash: u64,
-}
-
-impl FxHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
-        self.hash = (self.hash.rotate_left(5) ^ word).wrapping_mul(K);
-    }
-}
-
-impl Hasher for FxHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.hash
-    }
-}
-
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// The keys here are a few integers, for which SipHash's DoS resistance buys nothing and costs
+/// most of a cache hit; rustc's Fx hash is the usual answer.
+type FxMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
 /// Identity of a call site. `Location`s are statics, so the address is a stable key; two
 /// addresses for the same `file:line` only cost one extra cache entry, as frames are interned
