@@ -331,11 +331,6 @@ impl Handle {
         self.shared.file.path().to_path_buf()
     }
 
-    /// Whether two handles write the same file.
-    pub fn same_recorder(&self, other: &Handle) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
-    }
-
     /// Unique among the recorders of this process, never reused.
     pub fn id(&self) -> u64 {
         self.shared.id
