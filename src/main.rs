@@ -1,11 +1,19 @@
 //! The `poolsight` command: argument parsing and rendering only; the work lives in the crates.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use poolsight::analyzer::{info, Trace};
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use poolsight::analyzer::functions::{self, Unit};
+use poolsight::analyzer::replay::progress_total;
+use poolsight::analyzer::report::{self, ReportOptions};
+use poolsight::analyzer::timers::{self, TimeUnit, Which};
+use poolsight::analyzer::{epochs, info, lines, replay, Profile, ReplayOptions, Trace};
 use poolsight::demo::{DemoDevice, DemoOptions};
 use poolsight::recorder::CountingAllocator;
 
@@ -14,8 +22,11 @@ use poolsight::recorder::CountingAllocator;
 static ALLOC: CountingAllocator = CountingAllocator::new();
 
 /// Record what a training run does with GPU memory and time; analyze the trace later.
+///
+/// Analysis commands take one or more traces: several (the ranks of one job) merge into one
+/// report, and --per-rank prints each on its own. Exit codes: 0 ok, 2 bad input or usage.
 #[derive(Parser)]
-#[command(name = "poolsight", version, about, long_about = None)]
+#[command(name = "poolsight", version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -25,6 +36,20 @@ struct Cli {
 enum Format {
     Table,
     Json,
+    Csv,
+}
+
+/// The traces to analyze and how to combine them.
+#[derive(Args)]
+struct Input {
+    /// Trace file(s) (*.pstrace); several are the ranks of one job and merge into one report.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// With several traces, one report per trace (by rank) instead of the merged one.
+    #[arg(long)]
+    per_rank: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
 }
 
 #[derive(Subcommand)]
@@ -33,7 +58,7 @@ enum Command {
     ///
     /// Every tensor goes through the CuPy-style pool; links (Classifier, MLP, Linear) and
     /// functions (LinearFunction, ReLU, SoftmaxCrossEntropy, Accuracy) are scoped forward and
-    /// backward, epochs are marked. Then prints what the trace holds.
+    /// backward, epochs are marked. Then prints the report of the trace it wrote.
     Demo {
         /// Where to write the trace.
         #[arg(long, default_value = "demo.pstrace")]
@@ -57,6 +82,52 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Memory used and acquired per function (Chainer's CupyMemoryProfileHook table).
+    ///
+    /// UsedBytes: bytes the function's calls took from the pool (nested calls included, as
+    /// Chainer counts); AcquiredBytes: bytes the pool had to get from the device meanwhile.
+    Functions {
+        #[command(flatten)]
+        input: Input,
+        /// auto (one unit per column), auto_foreach (per cell), or B, KB, MB, GB, TB, PB, EB.
+        #[arg(long, default_value = "auto", value_parser = parse_unit)]
+        unit: Unit,
+        /// Add exclusive columns: bytes of the function's own mallocs, not its callees'.
+        #[arg(long = "self")]
+        with_self: bool,
+    },
+    /// Memory by calling context: open scopes and call sites (CuPy's LineProfileHook tree).
+    Lines {
+        #[command(flatten)]
+        input: Input,
+        /// Keep the outermost N-1 levels under _root (0: no limit), as CuPy's max_depth.
+        #[arg(long, default_value_t = 0)]
+        max_depth: usize,
+    },
+    /// Elapsed time per link and per function (Chainer's TimerHook tables).
+    Timers {
+        #[command(flatten)]
+        input: Input,
+        /// Only the link table.
+        #[arg(long, conflicts_with = "functions")]
+        links: bool,
+        /// Only the function table.
+        #[arg(long)]
+        functions: bool,
+        /// auto (per row, as Chainer), sec, ms, us or ns.
+        #[arg(long, default_value = "auto", value_parser = parse_time_unit)]
+        unit: TimeUnit,
+    },
+    /// Memory deltas per epoch in MB (fastai's PeakMemMetric columns; GPU figures exact).
+    Epochs {
+        #[command(flatten)]
+        input: Input,
+    },
+    /// Every report: headline figures, functions, lines, timers and epochs.
+    Report {
+        #[command(flatten)]
+        input: Input,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,15 +135,174 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("poolsight: {e:#}");
+            eprintln!("poolsight: {}", one_line(&e));
             ExitCode::from(2)
         }
     }
 }
 
+/// The error and its causes on one line, skipping a cause whose text the message already
+/// holds (library errors name their source in their own message).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg.replace('\n', " ")
+}
+
 fn parse_device(s: &str) -> Result<DemoDevice, String> {
     s.parse()
         .map_err(|e: poolsight::demo::DemoError| e.to_string())
+}
+
+fn parse_unit(s: &str) -> Result<Unit, String> {
+    s.parse()
+}
+
+fn parse_time_unit(s: &str) -> Result<TimeUnit, String> {
+    s.parse()
+}
+
+/// Opens and replays the traces, ordered by rank then path so that the same files give the
+/// same output whatever order they were named in. Warnings about damaged parts go to stderr.
+fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
+    let mut traces = Vec::new();
+    for p in paths {
+        let t = Trace::open(p)?;
+        for w in &t.warnings {
+            eprintln!("poolsight: warning: {}: {w}", t.path.display());
+        }
+        traces.push(t);
+    }
+    traces.sort_by(|a, b| (a.header.rank, &a.path).cmp(&(b.header.rank, &b.path)));
+    let progress = Arc::new(AtomicU64::new(0));
+    let opts = ReplayOptions {
+        live_at_peak,
+        progress: Some(Arc::clone(&progress)),
+        ..ReplayOptions::default()
+    };
+    let total: u64 = traces.iter().map(|t| progress_total(t, &opts)).sum();
+    let bar = ProgressBar::start(total, progress);
+    let profiles = traces
+        .iter()
+        .enumerate()
+        .map(|(i, t)| replay(t, i as u32, &opts))
+        .collect();
+    bar.finish();
+    Ok(profiles)
+}
+
+/// A progress bar on stderr while replaying, only when stderr is a terminal and the work is
+/// big enough to notice; silent otherwise (CI logs, pipes).
+struct ProgressBar {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const PROGRESS_MIN_BYTES: u64 = 256 << 20;
+
+impl ProgressBar {
+    fn start(total: u64, progress: Arc<AtomicU64>) -> ProgressBar {
+        let done = Arc::new(AtomicBool::new(false));
+        let thread = (std::io::stderr().is_terminal() && total >= PROGRESS_MIN_BYTES).then(|| {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                let bar = indicatif::ProgressBar::new(total);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "replaying {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                while !done.load(Ordering::Relaxed) {
+                    bar.set_position(progress.load(Ordering::Relaxed).min(total));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                bar.finish_and_clear();
+            })
+        });
+        ProgressBar { done, thread }
+    }
+
+    fn finish(mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The merged profile, or one per trace with `--per-rank`, each with a heading.
+fn views(input: &Input, live_at_peak: bool) -> anyhow::Result<Vec<(String, Profile)>> {
+    let profiles = load(&input.traces, live_at_peak)?;
+    if input.per_rank && profiles.len() > 1 {
+        Ok(profiles
+            .into_iter()
+            .map(|p| {
+                let s = &p.sources[0];
+                let name = match s.rank {
+                    Some(r) => format!("rank {r} ({})", s.path),
+                    None => s.path.clone(),
+                };
+                (name, p)
+            })
+            .collect())
+    } else {
+        Ok(vec![(String::new(), Profile::merge(profiles))])
+    }
+}
+
+/// Prints one rendering per view: tables and CSV under `== heading ==` lines, JSON as one
+/// document (an array of `{"trace", ...report}` objects with --per-rank).
+fn emit<T: serde::Serialize>(
+    out: &mut impl Write,
+    format: Format,
+    views: &[(String, T)],
+    table: impl Fn(&T) -> String,
+    csv: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            let json = if views.len() == 1 && views[0].0.is_empty() {
+                serde_json::to_string_pretty(&views[0].1)?
+            } else {
+                let list: Vec<serde_json::Value> = views
+                    .iter()
+                    .map(|(name, v)| {
+                        let mut j = serde_json::to_value(v)?;
+                        if let Some(o) = j.as_object_mut() {
+                            o.insert("trace".into(), name.clone().into());
+                        }
+                        Ok(j)
+                    })
+                    .collect::<serde_json::Result<_>>()?;
+                serde_json::to_string_pretty(&list)?
+            };
+            writeln!(out, "{json}")?;
+        }
+        Format::Table | Format::Csv => {
+            for (i, (name, v)) in views.iter().enumerate() {
+                if !name.is_empty() {
+                    if i > 0 {
+                        writeln!(out)?;
+                    }
+                    writeln!(out, "== {name} ==")?;
+                }
+                let text = if format == Format::Table {
+                    table(v)
+                } else {
+                    csv(v)
+                };
+                write!(out, "{text}")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -108,8 +338,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 outcome.summary.events,
                 outcome.summary.file_bytes
             )?;
-            let trace = Trace::open(&outcome.path)?;
-            write!(out, "{}", info::render_table(&info::info(&trace)))?;
+            let profile = Profile::merge(load(std::slice::from_ref(&outcome.path), false)?);
+            let opts = ReportOptions::default();
+            let r = report::compute(&profile, &opts);
+            write!(out, "{}", report::render_table(&r, &opts))?;
         }
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
@@ -118,7 +350,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 infos.push(info::info(&trace));
             }
             match format {
-                Format::Table => {
+                Format::Table | Format::Csv => {
+                    anyhow::ensure!(
+                        format == Format::Table,
+                        "info has no CSV form; use --format table or json"
+                    );
                     for (n, i) in infos.iter().enumerate() {
                         if n > 0 {
                             writeln!(out)?;
@@ -136,6 +372,84 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Functions {
+            input,
+            unit,
+            with_self,
+        } => {
+            let v = computed(&input, functions::functions)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |f| functions::render_table(f, unit, with_self),
+                functions::render_csv,
+            )?;
+        }
+        Command::Lines { input, max_depth } => {
+            let v = computed(&input, |p| lines::lines(p, max_depth))?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                lines::render_table,
+                lines::render_csv,
+            )?;
+        }
+        Command::Timers {
+            input,
+            links,
+            functions,
+            unit,
+        } => {
+            let which = match (links, functions) {
+                (true, _) => Which::Links,
+                (_, true) => Which::Functions,
+                _ => Which::Both,
+            };
+            let v = computed(&input, timers::timers)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |t| timers::render_table(t, which, unit),
+                timers::render_csv,
+            )?;
+        }
+        Command::Epochs { input } => {
+            let v = computed(&input, epochs::epochs)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                epochs::render_table,
+                epochs::render_csv,
+            )?;
+        }
+        Command::Report { input } => {
+            let opts = ReportOptions::default();
+            let v = computed(&input, |p| report::compute(p, &opts))?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |r| report::render_table(r, &opts),
+                report::render_csv,
+            )?;
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Loads the input and computes one report per view.
+fn computed<T>(input: &Input, f: impl Fn(&Profile) -> T) -> anyhow::Result<Vec<(String, T)>> {
+    Ok(views(input, false)?
+        .into_iter()
+        .map(|(name, p)| (name, f(&p)))
+        .collect())
+}
+
+#[allow(dead_code)]
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }

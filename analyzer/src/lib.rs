@@ -1,8 +1,20 @@
-//! poolsight's read side: a verified reader over memory-mapped traces and the reports computed
-//! from them. Reports are pure functions from a [`Trace`] to a result type; rendering (table,
-//! JSON, CSV) is kept apart from the computation.
+//! poolsight's read side: a verified reader over memory-mapped traces, the replay that turns
+//! one or more traces into a [`Profile`], and the reports computed from it. Each report is a
+//! pure function from a [`Profile`] to a result type; rendering (table, JSON, CSV) is kept
+//! apart from the computation.
 
+pub mod epochs;
+pub mod export;
+pub mod flamegraph;
+pub mod functions;
 pub mod info;
+pub mod lines;
 pub mod reader;
+pub mod render;
+pub mod replay;
+pub mod report;
+pub mod timeline;
+pub mod timers;
 
 pub use reader::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
+pub use replay::{replay, Profile, ReplayOptions};

@@ -204,7 +204,11 @@ impl Trace {
         let spans = walk(data, prelude.data_offset as u64, &header, &mut warnings);
         let results: Vec<Result<ChunkInfo, Warning>> = spans
             .par_iter()
-            .map(|&(off, len)| verify_chunk(data, off, len))
+            .map(|&(off, len)| {
+                let r = verify_chunk(data, off, len);
+                release(&map, off, len);
+                r
+            })
             .collect();
         let mut chunks = Vec::with_capacity(results.len());
         for r in results {
@@ -269,6 +273,13 @@ impl Trace {
         }
         self.defs = defs;
         self.footer = footer;
+    }
+
+    /// Tells the kernel this process is done with a chunk's pages for now, so that a pass over
+    /// a trace larger than RAM keeps only the chunks in flight resident. The bytes stay in the
+    /// page cache; touching them again maps them back.
+    pub fn release_pages(&self, c: &ChunkInfo) {
+        release(&self.map, c.offset, c.len);
     }
 
     /// The raw bytes of the file.
@@ -368,6 +379,24 @@ impl Trace {
         self.warnings.iter().filter(|w| w.torn).count()
     }
 }
+
+#[cfg(unix)]
+fn release(map: &Mmap, offset: u64, len: u32) {
+    // SAFETY: the mapping is a read-only shared mapping of a file that is not written while
+    // analyzed; MADV_DONTNEED on it only drops this process's page-table entries, and the next
+    // access refaults the same bytes from the file. Slices into it stay valid. Failure only
+    // means the pages stay resident, so the result is ignored.
+    let _ = unsafe {
+        map.unchecked_advise_range(
+            memmap2::UncheckedAdvice::DontNeed,
+            offset as usize,
+            len as usize,
+        )
+    };
+}
+
+#[cfg(not(unix))]
+fn release(_map: &Mmap, _offset: u64, _len: u32) {}
 
 fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
     match v {

@@ -1,0 +1,232 @@
+//! `functions`: Chainer's `CupyMemoryProfileHook` table.
+//!
+//! Chainer measures, for each function call, the pool's malloc and device-alloc totals before
+//! and after it: a call's used bytes include its nested calls, and a function nested in itself
+//! counts the inner call's bytes twice (once per call). Here a malloc counts for every function
+//! frame on its stack, which is the same sum, but only for allocations made by the calling
+//! thread (Chainer would also count another thread's). The exclusive (`self_*`) columns count
+//! each malloc once, for its innermost function.
+//!
+//! Rows are in first-seen order: Chainer appends a call to its history when the call returns,
+//! so a function's row comes at its first return.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::render::{bytes_in, choose_byte_unit, csv, right_aligned, BYTE_UNITS};
+use crate::replay::{FrameKind, Profile, Seen, NEVER};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FunctionRow {
+    pub name: String,
+    pub used_bytes: u64,
+    pub acquired_bytes: u64,
+    pub occurrence: u64,
+    pub self_used_bytes: u64,
+    pub self_acquired_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Functions {
+    pub functions: Vec<FunctionRow>,
+}
+
+pub fn functions(p: &Profile) -> Functions {
+    let tree = &p.tree;
+    // name -> (row, first exit, first malloc)
+    let mut rows: HashMap<&str, (FunctionRow, Seen, Seen)> = HashMap::new();
+    // Innermost enclosing function of each node (in DFS order parents come first).
+    let mut innermost: Vec<Option<usize>> = vec![None; tree.nodes.len()];
+    for (i, n) in tree.nodes.iter().enumerate().skip(1) {
+        let is_fn = n.frame.kind == FrameKind::Function;
+        innermost[i] = if is_fn { Some(i) } else { innermost[n.parent] };
+        if is_fn {
+            let e = rows.entry(&n.frame.name).or_insert_with(|| {
+                (
+                    FunctionRow {
+                        name: n.frame.name.to_string(),
+                        used_bytes: 0,
+                        acquired_bytes: 0,
+                        occurrence: 0,
+                        self_used_bytes: 0,
+                        self_acquired_bytes: 0,
+                    },
+                    NEVER,
+                    NEVER,
+                )
+            });
+            e.0.used_bytes += n.total.used_bytes;
+            e.0.acquired_bytes += n.total.acquired_bytes;
+            e.0.occurrence += n.agg.calls;
+            e.1 = e.1.min(n.agg.first_exit);
+            e.2 = e.2.min(n.total.first_mem);
+        }
+        if let Some(f) = innermost[i] {
+            let name: &str = &tree.nodes[f].frame.name;
+            if let Some(e) = rows.get_mut(name) {
+                e.0.self_used_bytes += n.agg.used_bytes;
+                e.0.self_acquired_bytes += n.agg.acquired_bytes;
+            }
+        }
+    }
+    let mut rows: Vec<_> = rows.into_values().collect();
+    rows.sort_by(|a, b| (a.1, a.2, &a.0.name).cmp(&(b.1, b.2, &b.0.name)));
+    Functions {
+        functions: rows.into_iter().map(|r| r.0).collect(),
+    }
+}
+
+/// `--unit`: Chainer's `print_report(unit=...)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unit {
+    /// One unit per column, from the column's largest value.
+    #[default]
+    Auto,
+    /// One unit per cell.
+    AutoForeach,
+    /// A fixed unit (index into `BYTE_UNITS`).
+    Fixed(usize),
+}
+
+impl FromStr for Unit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Unit, String> {
+        match s {
+            "auto" => Ok(Unit::Auto),
+            "auto_foreach" => Ok(Unit::AutoForeach),
+            _ => BYTE_UNITS
+                .iter()
+                .position(|u| *u == s)
+                .map(Unit::Fixed)
+                .ok_or_else(|| {
+                    format!(
+                        "unknown unit {s:?}: expected auto, auto_foreach or one of {}",
+                        BYTE_UNITS.join(", ")
+                    )
+                }),
+        }
+    }
+}
+
+/// The table, exactly as Chainer prints it; `with_self` adds the exclusive columns.
+pub fn render_table(f: &Functions, unit: Unit, with_self: bool) -> String {
+    if f.functions.is_empty() {
+        return "no function scopes in this trace\n".into();
+    }
+    let mut header = vec!["FunctionName", "UsedBytes", "AcquiredBytes", "Occurrence"];
+    if with_self {
+        header.extend(["SelfUsedBytes", "SelfAcquiredBytes"]);
+    }
+    let mut rows = vec![header.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
+    let cols = |r: &FunctionRow| {
+        [
+            r.used_bytes,
+            r.acquired_bytes,
+            r.self_used_bytes,
+            r.self_acquired_bytes,
+        ]
+    };
+    let column_units: Vec<(usize, f64)> = (0..4)
+        .map(|c| {
+            let max = f.functions.iter().map(|r| cols(r)[c]).max().unwrap_or(0);
+            match unit {
+                Unit::Fixed(u) => (u, 1024f64.powi(u as i32)),
+                _ => choose_byte_unit(max as f64),
+            }
+        })
+        .collect();
+    for r in &f.functions {
+        let cell = |c: usize| {
+            let v = cols(r)[c] as f64;
+            let u = match unit {
+                Unit::AutoForeach => choose_byte_unit(v),
+                _ => column_units[c],
+            };
+            bytes_in(v, u)
+        };
+        let mut row = vec![r.name.clone(), cell(0), cell(1), r.occurrence.to_string()];
+        if with_self {
+            row.extend([cell(2), cell(3)]);
+        }
+        rows.push(row);
+    }
+    right_aligned(&rows)
+}
+
+pub fn render_csv(f: &Functions) -> String {
+    let mut rows = vec![[
+        "name",
+        "used_bytes",
+        "acquired_bytes",
+        "occurrence",
+        "self_used_bytes",
+        "self_acquired_bytes",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect::<Vec<_>>()];
+    for r in &f.functions {
+        rows.push(vec![
+            r.name.clone(),
+            r.used_bytes.to_string(),
+            r.acquired_bytes.to_string(),
+            r.occurrence.to_string(),
+            r.self_used_bytes.to_string(),
+            r.self_acquired_bytes.to_string(),
+        ]);
+    }
+    csv(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, used: u64, acquired: u64, occurrence: u64) -> FunctionRow {
+        FunctionRow {
+            name: name.into(),
+            used_bytes: used,
+            acquired_bytes: acquired,
+            occurrence,
+            self_used_bytes: used,
+            self_acquired_bytes: acquired,
+        }
+    }
+
+    /// Chainer's documented example, from the byte counts it implies.
+    #[test]
+    fn chainer_example() {
+        let gb = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        let mb = |x: f64| (x * (1u64 << 20) as f64) as u64;
+        let f = Functions {
+            functions: vec![
+                row("LinearFunction", gb(5.16), mb(179.98), 3900),
+                row("ReLU", gb(0.99), mb(458.97), 2600),
+                row("SoftmaxCrossEntropy", gb(0.01), mb(5.08), 1300),
+                row("Accuracy", gb(0.001), mb(0.35), 700),
+            ],
+        };
+        let expected = "       FunctionName  UsedBytes  AcquiredBytes  Occurrence
+     LinearFunction     5.16GB       179.98MB        3900
+               ReLU     0.99GB       458.97MB        2600
+SoftmaxCrossEntropy     0.01GB         5.08MB        1300
+           Accuracy     0.00GB         0.35MB         700
+";
+        assert_eq!(render_table(&f, Unit::Auto, false), expected);
+    }
+
+    #[test]
+    fn units() {
+        let f = Functions {
+            functions: vec![row("A", 3 << 20, 512, 1), row("B", 1536, 0, 2)],
+        };
+        let t = render_table(&f, Unit::AutoForeach, false);
+        assert!(t.contains("3.00MB") && t.contains("512.00B") && t.contains("1.50KB"));
+        let t = render_table(&f, Unit::Fixed(1), true);
+        assert!(t.contains("3072.00KB") && t.contains("SelfAcquiredBytes"));
+        assert!("ZB".parse::<Unit>().is_err());
+        assert_eq!("KB".parse::<Unit>(), Ok(Unit::Fixed(1)));
+    }
+}

@@ -1,0 +1,168 @@
+//! `lines`: CuPy's `LineProfileHook` tree.
+//!
+//! Every malloc adds its `mem_size` to each frame of its calling context (open scopes, then
+//! the call site), every device allocation its size to the acquired column: running sums,
+//! frees are never subtracted. Children appear in the order they were first seen; frames that
+//! print the same `file:line:function` under one parent are one node, as in CuPy, whose tree
+//! is keyed by the stack frame.
+
+use serde::Serialize;
+
+use crate::render::{csv, humanized};
+use crate::replay::{CallTree, Profile};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lines {
+    pub root: LineRoot,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LineRoot {
+    pub name: String,
+    pub used_bytes: u64,
+    pub acquired_bytes: u64,
+    pub children: Vec<LineNode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LineNode {
+    pub file: String,
+    pub line: u32,
+    pub function: String,
+    pub used_bytes: u64,
+    pub acquired_bytes: u64,
+    pub children: Vec<LineNode>,
+}
+
+/// `max_depth` as CuPy's: 0 = no limit, N keeps the outermost N-1 levels under `_root`.
+pub fn lines(p: &Profile, max_depth: usize) -> Lines {
+    let tree = &p.tree;
+    let root = tree.root();
+    let levels = if max_depth == 0 {
+        usize::MAX
+    } else {
+        max_depth - 1
+    };
+    Lines {
+        root: LineRoot {
+            name: "_root".into(),
+            used_bytes: root.total.used_bytes,
+            acquired_bytes: root.total.acquired_bytes,
+            children: children(tree, &root.children, levels),
+        },
+    }
+}
+
+fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
+    if levels == 0 {
+        return Vec::new();
+    }
+    let mut out: Vec<(LineNode, Vec<usize>)> = Vec::new();
+    for &c in ids {
+        let n = &tree.nodes[c];
+        // CuPy only creates a node for a frame some allocation went through.
+        if n.total.mallocs == 0 && n.total.allocs == 0 {
+            continue;
+        }
+        let f = &n.frame;
+        let same = out
+            .iter_mut()
+            .find(|(o, _)| o.line == f.line && *o.file == *f.file && *o.function == *f.name);
+        match same {
+            Some((o, grand)) => {
+                o.used_bytes += n.total.used_bytes;
+                o.acquired_bytes += n.total.acquired_bytes;
+                grand.extend(&n.children);
+            }
+            None => out.push((
+                LineNode {
+                    file: f.file.to_string(),
+                    line: f.line,
+                    function: f.name.to_string(),
+                    used_bytes: n.total.used_bytes,
+                    acquired_bytes: n.total.acquired_bytes,
+                    children: Vec::new(),
+                },
+                n.children.clone(),
+            )),
+        }
+    }
+    out.into_iter()
+        .map(|(mut node, grand)| {
+            let mut grand = grand;
+            // Merged siblings' children: keep first-seen order across them.
+            grand.sort_by_key(|&g| (tree.nodes[g].total.first_mem, g));
+            node.children = children(tree, &grand, levels - 1);
+            node
+        })
+        .collect()
+}
+
+/// The tree as CuPy prints it.
+pub fn render_table(l: &Lines) -> String {
+    let mut out = format!(
+        "_root ({}, {})\n",
+        humanized(l.root.used_bytes),
+        humanized(l.root.acquired_bytes)
+    );
+    for c in &l.root.children {
+        render_node(c, 1, &mut out);
+    }
+    out
+}
+
+fn render_node(n: &LineNode, depth: usize, out: &mut String) {
+    out.push_str(&format!(
+        "{}{}:{}:{} ({}, {})\n",
+        "  ".repeat(depth),
+        n.file,
+        n.line,
+        n.function,
+        humanized(n.used_bytes),
+        humanized(n.acquired_bytes)
+    ));
+    for c in &n.children {
+        render_node(c, depth + 1, out);
+    }
+}
+
+/// One row per node: depth, the `;`-joined path of frames, and the sums.
+pub fn render_csv(l: &Lines) -> String {
+    let mut rows = vec![vec![
+        "depth".to_string(),
+        "path".into(),
+        "file".into(),
+        "line".into(),
+        "function".into(),
+        "used_bytes".into(),
+        "acquired_bytes".into(),
+    ]];
+    rows.push(vec![
+        "0".into(),
+        "_root".into(),
+        String::new(),
+        String::new(),
+        "_root".into(),
+        l.root.used_bytes.to_string(),
+        l.root.acquired_bytes.to_string(),
+    ]);
+    fn walk(n: &LineNode, depth: usize, prefix: &str, rows: &mut Vec<Vec<String>>) {
+        let path = format!("{prefix};{}:{}:{}", n.file, n.line, n.function);
+        rows.push(vec![
+            depth.to_string(),
+            path.clone(),
+            n.file.clone(),
+            n.line.to_string(),
+            n.function.clone(),
+            n.used_bytes.to_string(),
+            n.acquired_bytes.to_string(),
+        ]);
+        for c in &n.children {
+            walk(c, depth + 1, &path, rows);
+        }
+    }
+    for c in &l.root.children {
+        walk(c, 1, "_root", &mut rows);
+    }
+    csv(&rows)
+}

@@ -1,0 +1,165 @@
+//! Shared rendering rules of the seed tables: Python's `'%3.2f'`, the byte units of Chainer's
+//! and CuPy's reports, the time units of Chainer's TimerHook, right-aligned columns, and CSV.
+
+use std::fmt::Write;
+
+/// Python's `'%3.2f' % x`: two decimals, at least three characters wide.
+pub fn f2(x: f64) -> String {
+    format!("{x:3.2}")
+}
+
+/// Byte units of Chainer's `CupyMemoryProfileHook` (the multiplier is 1024 per step).
+pub const BYTE_UNITS: [&str; 7] = ["B", "KB", "MB", "GB", "TB", "PB", "EB"];
+
+/// Chainer's `_choose_unit`: the first unit where `value / (unit * 1024) < 1`; `B` for values
+/// at or below 0. Returns (index into [`BYTE_UNITS`], divisor).
+pub fn choose_byte_unit(value: f64) -> (usize, f64) {
+    let mut denom = 1.0;
+    if value <= 0.0 {
+        return (0, denom);
+    }
+    for (i, _) in BYTE_UNITS.iter().enumerate() {
+        if value / (denom * 1024.0) < 1.0 {
+            return (i, denom);
+        }
+        if i + 1 < BYTE_UNITS.len() {
+            denom *= 1024.0;
+        }
+    }
+    (BYTE_UNITS.len() - 1, denom)
+}
+
+/// A byte count in a given unit: `%3.2f` + unit name.
+pub fn bytes_in(value: f64, unit: (usize, f64)) -> String {
+    format!("{}{}", f2(value / unit.1), BYTE_UNITS[unit.0])
+}
+
+/// CuPy `LineProfileHook`'s `_humanized_size`: `%3.2f` and B, KB, ... in 1024 steps.
+pub fn humanized(bytes: u64) -> String {
+    let mut size = bytes as f64;
+    for unit in BYTE_UNITS {
+        if size < 1024.0 {
+            return format!("{}{unit}", f2(size));
+        }
+        size /= 1024.0;
+    }
+    format!("{size:.2}ZB")
+}
+
+/// Time units of Chainer's `TimerHook.print_report`, with their multipliers from seconds.
+pub const TIME_UNITS: [(&str, f64); 4] = [("sec", 1.0), ("ms", 1e3), ("us", 1e6), ("ns", 1e9)];
+
+/// The first unit in which the value is >= 1, else ns (Chainer's for/else).
+pub fn time_auto(ns: u64) -> String {
+    let secs = ns as f64 / 1e9;
+    let (name, mult) = TIME_UNITS
+        .iter()
+        .find(|(_, m)| secs * m >= 1.0)
+        .copied()
+        .unwrap_or(TIME_UNITS[3]);
+    format!("{}{name}", f2(secs * mult))
+}
+
+pub fn time_in(ns: u64, unit: usize) -> String {
+    let (name, mult) = TIME_UNITS[unit];
+    format!("{}{name}", f2(ns as f64 / 1e9 * mult))
+}
+
+/// Chainer's table layout: every column right-aligned to its widest entry, two spaces between.
+pub fn right_aligned(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(s, w)| format!("{s:>w$}"))
+            .collect();
+        let _ = writeln!(out, "{}", cells.join("  "));
+    }
+    out
+}
+
+/// RFC 4180 CSV: a field is quoted when it holds a comma, quote or line break.
+pub fn csv(rows: &[Vec<String>]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r.iter().map(|f| csv_field(f)).collect();
+        let _ = writeln!(out, "{}", cells.join(","));
+    }
+    out
+}
+
+fn csv_field(f: &str) -> String {
+    if f.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", f.replace('"', "\"\""))
+    } else {
+        f.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_formatting() {
+        assert_eq!(f2(0.0), "0.00");
+        assert_eq!(f2(5.164), "5.16");
+        assert_eq!(f2(179.98), "179.98");
+    }
+
+    #[test]
+    fn chainer_units() {
+        assert_eq!(choose_byte_unit(0.0).0, 0);
+        assert_eq!(choose_byte_unit(1023.0).0, 0);
+        assert_eq!(choose_byte_unit(1024.0).0, 1);
+        let gb = 5.16 * (1u64 << 30) as f64;
+        assert_eq!(bytes_in(gb, choose_byte_unit(gb)), "5.16GB");
+        // Column unit from the max: a smaller value in the same column keeps GB.
+        let relu = 0.99 * (1u64 << 30) as f64;
+        assert_eq!(bytes_in(relu, choose_byte_unit(gb)), "0.99GB");
+    }
+
+    #[test]
+    fn cupy_sizes() {
+        assert_eq!(humanized(3072), "3.00KB");
+        assert_eq!(humanized(2048), "2.00KB");
+        assert_eq!(humanized(0), "0.00B");
+        assert_eq!(humanized(1023), "1023.00B");
+    }
+
+    #[test]
+    fn chainer_times() {
+        assert_eq!(time_auto(41_420_000_000), "41.42sec");
+        assert_eq!(time_auto(1_500_000), "1.50ms");
+        assert_eq!(time_auto(999), "999.00ns");
+        assert_eq!(time_auto(0), "0.00ns");
+    }
+
+    #[test]
+    fn table_and_csv() {
+        let rows = vec![
+            vec!["LinkName".into(), "ElapsedTime".into(), "Occurrence".into()],
+            vec!["Linear".into(), "41.42sec".into(), "2100".into()],
+            vec!["Classifier".into(), "42.39sec".into(), "700".into()],
+        ];
+        assert_eq!(
+            right_aligned(&rows),
+            "  LinkName  ElapsedTime  Occurrence\n    Linear     41.42sec        2100\nClassifier     42.39sec         700\n"
+        );
+        assert_eq!(
+            csv(&[vec!["a,b".into(), "say \"hi\"".into()]]),
+            "\"a,b\",\"say \"\"hi\"\"\"\n"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! `report`: every report at once, plus the headline figures a reader looks at first and a
+//! CI diff gates on (peak used and acquired bytes, allocations, wall time).
+
+use serde::Serialize;
+
+use crate::epochs::{self, Epochs};
+use crate::functions::{self, Functions, Unit};
+use crate::lines::{self, Lines};
+use crate::render::humanized;
+use crate::replay::Profile;
+use crate::timers::{self, TimeUnit, Timers, Which};
+
+/// Headline figures. With several traces (ranks), peaks are the largest rank's and counts
+/// are summed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    pub traces: Vec<String>,
+    pub events: u64,
+    pub duration_ns: u64,
+    pub peak_used_bytes: u64,
+    pub peak_acquired_bytes: u64,
+    /// Pool mallocs that succeeded.
+    pub total_allocations: u64,
+    /// Pool misses that went to the device.
+    pub device_allocations: u64,
+    pub out_of_memory: u64,
+    pub warnings: Vec<String>,
+}
+
+pub fn summary(p: &Profile) -> Summary {
+    let s = &p.sources;
+    Summary {
+        traces: s.iter().map(|s| s.path.clone()).collect(),
+        events: s.iter().map(|s| s.events).sum(),
+        duration_ns: p.duration_ns(),
+        peak_used_bytes: s.iter().map(|s| s.pool.peak_used_bytes).max().unwrap_or(0),
+        peak_acquired_bytes: s
+            .iter()
+            .map(|s| s.pool.peak_acquired_bytes)
+            .max()
+            .unwrap_or(0),
+        total_allocations: s.iter().map(|s| s.pool.mallocs).sum(),
+        device_allocations: s.iter().map(|s| s.pool.device_allocs).sum(),
+        out_of_memory: s.iter().map(|s| s.pool.out_of_memory).sum(),
+        warnings: s
+            .iter()
+            .flat_map(|s| s.warnings.iter().map(move |w| format!("{}: {w}", s.path)))
+            .collect(),
+    }
+}
+
+pub fn render_summary(s: &Summary) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "{} events over {:.3} s; pool peak used {}, peak acquired {}; {} allocations ({} from the device){}\n",
+        s.events,
+        s.duration_ns as f64 / 1e9,
+        humanized(s.peak_used_bytes),
+        humanized(s.peak_acquired_bytes),
+        s.total_allocations,
+        s.device_allocations,
+        if s.out_of_memory > 0 {
+            format!("; {} out-of-memory errors", s.out_of_memory)
+        } else {
+            String::new()
+        }
+    ));
+    out
+}
+
+/// How each section is computed and printed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReportOptions {
+    pub unit: Unit,
+    pub with_self: bool,
+    pub max_depth: usize,
+    pub timers: Which,
+    pub time_unit: TimeUnit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub summary: Summary,
+    pub functions: Functions,
+    pub lines: Lines,
+    pub timers: Timers,
+    pub epochs: Epochs,
+}
+
+/// All reports. Each is independent; rayon runs them side by side.
+pub fn compute(p: &Profile, opts: &ReportOptions) -> Report {
+    let ((functions, lines), (timers, epochs)) = rayon::join(
+        || {
+            rayon::join(
+                || functions::functions(p),
+                || lines::lines(p, opts.max_depth),
+            )
+        },
+        || rayon::join(|| timers::timers(p), || epochs::epochs(p)),
+    );
+    Report {
+        summary: summary(p),
+        functions,
+        lines,
+        timers,
+        epochs,
+    }
+}
+
+pub fn render_table(r: &Report, opts: &ReportOptions) -> String {
+    [
+        render_summary(&r.summary),
+        functions::render_table(&r.functions, opts.unit, opts.with_self),
+        lines::render_table(&r.lines),
+        timers::render_table(&r.timers, opts.timers, opts.time_unit),
+        epochs::render_table(&r.epochs),
+    ]
+    .join("\n")
+}
+
+/// CSV of every section, one after another, each headed by a `# section` line.
+pub fn render_csv(r: &Report) -> String {
+    format!(
+        "# functions\n{}\n# lines\n{}\n# timers\n{}\n# epochs\n{}",
+        functions::render_csv(&r.functions),
+        lines::render_csv(&r.lines),
+        timers::render_csv(&r.timers),
+        epochs::render_csv(&r.epochs)
+    )
+}

@@ -1,0 +1,191 @@
+//! `timers`: Chainer's link `TimerHook` and function `TimerHook` tables.
+//!
+//! A row sums the elapsed time of every call of that name, nested calls included (Chainer
+//! warns that rows overlap); the totals count only outermost calls, a call being outermost
+//! when no scope of the same kind (link, or function) encloses it, as Chainer's hook counts
+//! depth. Rows are in first-seen order, a call being seen when it returns.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::render::{csv, right_aligned, time_auto, time_in, TIME_UNITS};
+use crate::replay::{FrameKind, Profile, Seen};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TimerRow {
+    pub name: String,
+    pub elapsed_ns: u64,
+    pub occurrence: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Timers {
+    pub links: Vec<TimerRow>,
+    pub functions: Vec<TimerRow>,
+    /// Outermost link calls only (Chainer's `total_time()`).
+    pub links_total_ns: u64,
+    pub functions_total_ns: u64,
+}
+
+pub fn timers(p: &Profile) -> Timers {
+    let (links, links_total_ns) = table(p, FrameKind::Link);
+    let (functions, functions_total_ns) = table(p, FrameKind::Function);
+    Timers {
+        links,
+        functions,
+        links_total_ns,
+        functions_total_ns,
+    }
+}
+
+fn table(p: &Profile, kind: FrameKind) -> (Vec<TimerRow>, u64) {
+    let tree = &p.tree;
+    let mut rows: HashMap<&str, (TimerRow, Seen)> = HashMap::new();
+    // Whether a node has an enclosing scope of `kind` (parents precede children).
+    let mut inside = vec![false; tree.nodes.len()];
+    let mut total = 0u64;
+    for (i, n) in tree.nodes.iter().enumerate().skip(1) {
+        let is = n.frame.kind == kind;
+        inside[i] = inside[n.parent] || (n.parent != 0 && tree.nodes[n.parent].frame.kind == kind);
+        if !is || n.agg.calls == 0 {
+            continue;
+        }
+        if !inside[i] {
+            total += n.agg.time_ns;
+        }
+        let e = rows.entry(&n.frame.name).or_insert_with(|| {
+            (
+                TimerRow {
+                    name: n.frame.name.to_string(),
+                    elapsed_ns: 0,
+                    occurrence: 0,
+                },
+                n.agg.first_exit,
+            )
+        });
+        e.0.elapsed_ns += n.agg.time_ns;
+        e.0.occurrence += n.agg.calls;
+        e.1 = e.1.min(n.agg.first_exit);
+    }
+    let mut rows: Vec<_> = rows.into_values().collect();
+    rows.sort_by(|a, b| (a.1, &a.0.name).cmp(&(b.1, &b.0.name)));
+    (rows.into_iter().map(|r| r.0).collect(), total)
+}
+
+/// `--unit` of the timer tables: per-row automatic (Chainer's default) or fixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeUnit {
+    #[default]
+    Auto,
+    Fixed(usize),
+}
+
+impl FromStr for TimeUnit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<TimeUnit, String> {
+        if s == "auto" {
+            return Ok(TimeUnit::Auto);
+        }
+        TIME_UNITS
+            .iter()
+            .position(|(n, _)| *n == s)
+            .map(TimeUnit::Fixed)
+            .ok_or_else(|| format!("unknown time unit {s:?}: expected auto, sec, ms, us or ns"))
+    }
+}
+
+/// Which of the two tables to print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Which {
+    #[default]
+    Both,
+    Links,
+    Functions,
+}
+
+pub fn render_table(t: &Timers, which: Which, unit: TimeUnit) -> String {
+    let mut parts = Vec::new();
+    if which != Which::Functions {
+        parts.push(one_table("LinkName", &t.links, unit, "link"));
+    }
+    if which != Which::Links {
+        parts.push(one_table("FunctionName", &t.functions, unit, "function"));
+    }
+    parts.join("\n")
+}
+
+fn one_table(title: &str, rows: &[TimerRow], unit: TimeUnit, what: &str) -> String {
+    if rows.is_empty() {
+        return format!("no {what} scopes in this trace\n");
+    }
+    let mut table = vec![vec![
+        title.to_string(),
+        "ElapsedTime".into(),
+        "Occurrence".into(),
+    ]];
+    for r in rows {
+        let t = match unit {
+            TimeUnit::Auto => time_auto(r.elapsed_ns),
+            TimeUnit::Fixed(u) => time_in(r.elapsed_ns, u),
+        };
+        table.push(vec![r.name.clone(), t, r.occurrence.to_string()]);
+    }
+    right_aligned(&table)
+}
+
+pub fn render_csv(t: &Timers) -> String {
+    let mut rows = vec![vec![
+        "kind".to_string(),
+        "name".into(),
+        "elapsed_ns".into(),
+        "occurrence".into(),
+    ]];
+    for (kind, list) in [("link", &t.links), ("function", &t.functions)] {
+        for r in list {
+            rows.push(vec![
+                kind.into(),
+                r.name.clone(),
+                r.elapsed_ns.to_string(),
+                r.occurrence.to_string(),
+            ]);
+        }
+    }
+    csv(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chainer_example() {
+        let row = |name: &str, ms: u64, n| TimerRow {
+            name: name.into(),
+            elapsed_ns: ms * 10_000_000,
+            occurrence: n,
+        };
+        let t = Timers {
+            links: vec![
+                row("Linear", 4142, 2100),
+                row("MLP", 4209, 700),
+                row("Classifier", 4239, 700),
+            ],
+            functions: vec![],
+            links_total_ns: 0,
+            functions_total_ns: 0,
+        };
+        let expected = "  LinkName  ElapsedTime  Occurrence
+    Linear     41.42sec        2100
+       MLP     42.09sec         700
+Classifier     42.39sec         700
+";
+        assert_eq!(render_table(&t, Which::Links, TimeUnit::Auto), expected);
+        assert_eq!(
+            render_table(&t, Which::Functions, TimeUnit::Auto),
+            "no function scopes in this trace\n"
+        );
+        assert!(render_table(&t, Which::Links, "ms".parse().unwrap()).contains("41420.00ms"));
+    }
+}
