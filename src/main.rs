@@ -17,6 +17,8 @@ use poolsight::analyzer::{epochs, info, lines, replay, Profile, ReplayOptions, T
 use poolsight::demo::{DemoDevice, DemoOptions};
 use poolsight::recorder::CountingAllocator;
 
+mod diff_cmd;
+
 // Exact heap bytes for the demo's per-epoch CPU figures, as tracemalloc gives Python.
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator::new();
@@ -128,6 +130,10 @@ enum Command {
         #[command(flatten)]
         input: Input,
     },
+    /// Compare two runs and fail when memory or time grew past what --fail-on allows.
+    ///
+    /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
+    Diff(diff_cmd::DiffArgs),
 }
 
 fn main() -> ExitCode {
@@ -426,6 +432,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 epochs::render_csv,
             )?;
         }
+        Command::Diff(args) => return diff_cmd::run(args, &mut out),
         Command::Report { input } => {
             let opts = ReportOptions::default();
             let v = computed(&input, |p| report::compute(p, &opts))?;
