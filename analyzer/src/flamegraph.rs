@@ -1,1 +1,224 @@
-//! (being written)
+//! Flamegraphs of the calling-context tree: folded stacks (`frame;frame;frame VALUE`, the format
+//! every flamegraph tool reads) and inferno's SVG rendering of them, plain or differential.
+//!
+//! Each line carries a node's *own* amount, never its subtree's: a flamegraph tool adds children
+//! into their parents itself, so inclusive values would count every byte once per ancestor.
+//!
+//! Frames are [`Frame::key`] (`file:line:name`), sanitized so that a name from user code cannot
+//! change how a line parses (see [`frame_label`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use inferno::flamegraph::color::{BasicPalette, Palette};
+use inferno::flamegraph::{self as inferno_fg, Options};
+
+use crate::replay::{CallTree, Frame, Profile};
+
+/// What a flamegraph's widths measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Metric {
+    /// Bytes of successful pool mallocs (CuPy's "used"), frees not subtracted.
+    Used,
+    /// Bytes of device allocations made on pool misses (CuPy's "acquired").
+    Acquired,
+    /// Bytes still live at the moment of the pool's used peak: what to cut to lower the peak.
+    Peak,
+    /// Self time of scopes (function, link, user scope), in ns.
+    Time,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 4] = [Metric::Used, Metric::Acquired, Metric::Peak, Metric::Time];
+
+    /// The unit the SVG's tooltips show after each count.
+    pub fn count_name(self) -> &'static str {
+        match self {
+            Metric::Time => "ns",
+            _ => "bytes",
+        }
+    }
+
+    /// What the profile lacks when this metric has nothing to draw, for the error message.
+    fn missing(self) -> &'static str {
+        match self {
+            Metric::Used => "no pool mallocs",
+            Metric::Acquired => "no device allocations",
+            Metric::Peak => {
+                "no bytes live at the pool's peak (or it was replayed without live_at_peak)"
+            }
+            Metric::Time => "no closed scopes (function, link or scope)",
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Metric::Used => "used",
+            Metric::Acquired => "acquired",
+            Metric::Peak => "peak",
+            Metric::Time => "time",
+        }
+    }
+
+    /// A node's own amount of this metric. Scope time is inclusive of nested scopes, so their
+    /// time is taken out; only scope nodes have time, so subtracting every child's is the same.
+    fn self_value(self, tree: &CallTree, i: usize) -> u64 {
+        let n = &tree.nodes[i];
+        match self {
+            Metric::Used => n.agg.used_bytes,
+            Metric::Acquired => n.agg.acquired_bytes,
+            Metric::Peak => n.agg.live_at_peak_bytes,
+            Metric::Time => {
+                let nested: u64 = n.children.iter().map(|&c| tree.nodes[c].agg.time_ns).sum();
+                n.agg.time_ns.saturating_sub(nested)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A metric name that is none of `used`, `acquired`, `peak`, `time`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown metric `{0}`: expected used, acquired, peak or time")]
+pub struct ParseMetricError(pub String);
+
+impl FromStr for Metric {
+    type Err = ParseMetricError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Metric::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| ParseMetricError(s.to_string()))
+    }
+}
+
+/// Why no flamegraph could be drawn.
+#[derive(Debug, thiserror::Error)]
+pub enum FlameError {
+    /// Every line would be zero: an SVG of nothing would only hide that from the user.
+    #[error("nothing to draw for metric `{metric}`: the trace has {}", metric.missing())]
+    Empty { metric: Metric },
+    /// inferno refused the folded lines or the writer failed.
+    #[error("flamegraph rendering failed: {0}")]
+    Render(#[from] std::io::Error),
+}
+
+/// A frame as one folded-stack field. The folded format gives `;` and the last spaces of a line
+/// a meaning, so a name like `step 3` would be read as a count: `;` becomes `:`, and whitespace
+/// becomes U+00A0 (no-break space), which draws the same in the SVG. Other control characters,
+/// which XML 1.0 cannot carry even escaped, become U+FFFD.
+pub fn frame_label(frame: &Frame) -> String {
+    sanitize(&frame.key())
+}
+
+fn sanitize(field: &str) -> String {
+    field
+        .chars()
+        .map(|c| match c {
+            ';' => ':',
+            c if c.is_whitespace() => '\u{a0}',
+            c if c.is_control() => '\u{fffd}',
+            c => c,
+        })
+        .collect()
+}
+
+/// Folded-stack lines, one per node with a nonzero own amount, in the tree's DFS order (so the
+/// output is the same for the same trace). Amounts recorded at `_root` itself (no stack) get
+/// the one-frame stack `_root`.
+pub fn folded(profile: &Profile, metric: Metric) -> Vec<String> {
+    let tree = &profile.tree;
+    let mut out = Vec::new();
+    for (i, _) in tree.walk() {
+        let value = metric.self_value(tree, i);
+        if value == 0 {
+            continue;
+        }
+        let stack = if i == 0 {
+            sanitize(&tree.nodes[0].frame.name)
+        } else {
+            tree.path(i)
+                .into_iter()
+                .map(frame_label)
+                .collect::<Vec<_>>()
+                .join(";")
+        };
+        out.push(format!("{stack} {value}"));
+    }
+    out
+}
+
+/// Options shared by every SVG of this module: name-hashed colors instead of random ones, so
+/// the same trace gives the same bytes (the embedded JavaScript is a fixed text).
+fn options(metric: Metric, title: &str) -> Options<'static> {
+    let mut opt = Options::default();
+    opt.title = title.to_string();
+    opt.count_name = metric.count_name().to_string();
+    opt.deterministic = true;
+    opt.colors = Palette::Basic(match metric {
+        Metric::Time => BasicPalette::Hot,
+        _ => BasicPalette::Mem,
+    });
+    opt
+}
+
+/// Renders sorted folded lines; inferno requires them sorted.
+fn render(mut lines: Vec<String>, opt: &mut Options<'_>) -> Result<Vec<u8>, FlameError> {
+    lines.sort_unstable();
+    let mut svg = Vec::new();
+    inferno_fg::from_lines(opt, lines.iter().map(String::as_str), &mut svg)?;
+    Ok(svg)
+}
+
+/// An SVG flamegraph of `metric`. Errors when the profile has nothing of that metric.
+pub fn flamegraph_svg(
+    profile: &Profile,
+    metric: Metric,
+    title: &str,
+) -> Result<Vec<u8>, FlameError> {
+    let lines = folded(profile, metric);
+    if lines.is_empty() {
+        return Err(FlameError::Empty { metric });
+    }
+    render(lines, &mut options(metric, title))
+}
+
+/// Differential folded lines `stack BASE NEW`, sorted: every stack of either side, with 0 where
+/// a side lacks it. Computed by inferno's `differential`, whose output order is a hash map's.
+pub fn diff_folded(base: &[String], new: &[String]) -> Result<Vec<String>, FlameError> {
+    let mut out = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options::default(),
+        base.join("\n").as_bytes(),
+        new.join("\n").as_bytes(),
+        &mut out,
+    )?;
+    let text = String::from_utf8(out)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines.sort_unstable();
+    Ok(lines)
+}
+
+/// A differential flamegraph: widths are `new`'s amounts, red where `new` has more than `base`,
+/// blue where less (Brendan Gregg's convention). Stacks only `base` has are zero wide; render
+/// with the two profiles swapped to see them.
+pub fn differential_svg(
+    base: &Profile,
+    new: &Profile,
+    metric: Metric,
+    title: &str,
+) -> Result<Vec<u8>, FlameError> {
+    let new_lines = folded(new, metric);
+    if new_lines.is_empty() {
+        return Err(FlameError::Empty { metric });
+    }
+    let lines = diff_folded(&folded(base, metric), &new_lines)?;
+    render(lines, &mut options(metric, title))
+}
