@@ -1,1 +1,553 @@
-//! (being written)
+//! `poolsight export`: traces rewritten for other tools.
+//!
+//! - [`chrome`]: the Chrome/Perfetto trace event JSON, so scopes, pool counters, epochs and
+//!   out-of-memory events can be browsed in `ui.perfetto.dev` or `chrome://tracing`.
+//! - [`jsonl`]: one JSON object per line (stacks first, then every event), for pandas and
+//!   `jq` users who want the raw events rather than a report.
+//!
+//! Both stream: events are written as the chunks are walked, straight from the mapping, and each
+//! chunk's pages are handed back to the kernel once written, so a trace of many GB exports in a
+//! few MB of memory (what is kept is per interned stack, not per event). Both are deterministic:
+//! chunks are walked in the order they were reserved and nothing comes from hash-map iteration,
+//! so the same trace gives the same bytes, and exports can be diffed or kept as golden files.
+//!
+//! Times are integer nanoseconds since the trace started, taken from [`Trace::ns_since_start`];
+//! a scope's start is its close time minus its duration, converted from ticks separately, so a
+//! scope opened and closed within its parent stays within it after conversion.
+
+use std::borrow::Cow;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::io::{self, BufWriter, Write};
+
+use poolsight_schema::fb;
+use rustc_hash::FxHashMap;
+
+use crate::info::mem_kind_name;
+use crate::reader::{ChunkKind, Defs, Trace};
+use crate::replay::{Profile, Source};
+
+/// Why an export stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// Writing the output failed (disk full, closed pipe, ...).
+    #[error("writing the export: {0}")]
+    Io(#[from] io::Error),
+    /// The profile handed in with a trace holds no figures for it.
+    #[error("{path}: the profile given with this trace has no source for it")]
+    NoSource { path: String },
+}
+
+/// What an export wrote, for the CLI's one-line confirmation and for tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportSummary {
+    /// Objects written: entries of `traceEvents` (chrome) or lines (jsonl).
+    pub records: u64,
+    /// Scope events (closed functions, links and user scopes).
+    pub scopes: u64,
+    /// Memory events: every one (jsonl), or the out-of-memory instants (chrome).
+    pub mem_events: u64,
+    /// Mark events (jsonl), or epoch slices (chrome).
+    pub marks: u64,
+    /// Interned stacks written (jsonl).
+    pub stacks: u64,
+    /// Counter samples of the pool's used and acquired bytes (chrome).
+    pub counters: u64,
+}
+
+/// The thread id of the epochs track in the Chrome export. Recorder threads are numbered up
+/// from 1, so the top id never names one; it stays a `u32`, which the Perfetto importer needs.
+pub const EPOCHS_TID: u32 = u32::MAX;
+
+/// Output buffer: callers hand in any writer (a file, stdout, a `Vec`), and the small writes
+/// of one event each must not each become a syscall.
+const BUFFER_BYTES: usize = 1 << 16;
+
+/// Writes the traces as Chrome/Perfetto trace event JSON (`{"traceEvents":[...]}`).
+///
+/// Each pair is a trace and the profile replayed from it (its source for the trace is found by
+/// path, or is the only one). Every trace becomes one process: `pid` is its rank when every
+/// trace has a distinct rank (ranks of one job, then aligned on their wall-clock starts), else
+/// its index in `traces` (each then starting at 0). In it:
+///
+/// - a complete slice (`"ph":"X"`) per closed scope on its recorder thread's track, named after
+///   the scope, `cat` function, link or scope, `args` phase, file and line;
+/// - the pool's used and acquired bytes as a counter (`"ph":"C"`, name `pool`), one sample per
+///   point of the profile's series: each is the maximum over its time bucket, placed at the
+///   bucket's start, so the counter's peak is the pool's exact peak (a rise shows up to one
+///   bucket early); a first sample of 0 at the trace's start and a last one at its end, with
+///   the bytes still in use then, frame them;
+/// - epochs as slices on their own `epochs` track (thread [`EPOCHS_TID`]);
+/// - each out-of-memory event as a process-wide instant (`"ph":"i"`).
+///
+/// `ts` and `dur` are microseconds written with all three decimals, so no nanosecond is lost
+/// to float formatting.
+pub fn chrome(
+    traces: &[(&Trace, &Profile)],
+    out: &mut dyn Write,
+) -> Result<ExportSummary, ExportError> {
+    let mut w = ChromeWriter {
+        out: BufWriter::with_capacity(BUFFER_BYTES, out),
+        first: true,
+        summary: ExportSummary::default(),
+    };
+    w.out.write_all(b"{\"traceEvents\":[")?;
+    let ranks: Option<Vec<u32>> = traces.iter().map(|(t, _)| t.header.rank).collect();
+    let by_rank = ranks.filter(|r| {
+        let mut sorted = r.clone();
+        sorted.sort_unstable();
+        sorted.windows(2).all(|p| p[0] != p[1])
+    });
+    let job_start = traces
+        .iter()
+        .map(|(t, _)| t.header.unix_ns)
+        .min()
+        .unwrap_or(0);
+    for (index, (trace, profile)) in traces.iter().enumerate() {
+        let source = source_of(trace, profile)?;
+        let (pid, offset_ns) = match &by_rank {
+            Some(ranks) => (ranks[index], trace.header.unix_ns.saturating_sub(job_start)),
+            None => (index as u32, 0),
+        };
+        let process = ChromeProcess {
+            trace,
+            pid,
+            offset_ns,
+        };
+        process.write(&mut w, source)?;
+    }
+    w.out.write_all(b"\n],\"displayTimeUnit\":\"ns\"}\n")?;
+    w.out.flush()?;
+    Ok(w.summary)
+}
+
+/// Writes one trace as JSON Lines: first a `stack` line per interned stack (by id), then every
+/// event in chunk order, rebase markers left out. The keys are stable (scripts rely on them):
+///
+/// - `{"type":"stack","id","parent","file","line","name","kind","phase"}`, `kind` one of site,
+///   function, link, scope, foreign;
+/// - memory events: `{"type":"malloc_post"|..,"ns","thread","device","stream","ptr","bytes",
+///   "stack"}`, types as `poolsight info` names them;
+/// - scopes: `{"type":"function"|"link"|"scope","end_ns","duration_ns","stack","thread"}`;
+/// - marks: `{"type":"epoch_begin"|"epoch_end"|"cpu_sample","ns","epoch","a","b"}`.
+///
+/// Times are nanoseconds since the trace started. Lines are in the order chunks were reserved,
+/// which is time order within a thread but not across threads: sort by time when that matters.
+pub fn jsonl(trace: &Trace, out: &mut dyn Write) -> Result<ExportSummary, ExportError> {
+    let mut w = BufWriter::with_capacity(BUFFER_BYTES, out);
+    let mut summary = ExportSummary::default();
+    let defs = &trace.defs;
+    let mut ids: Vec<u32> = defs.stacks.keys().copied().collect();
+    ids.sort_unstable();
+    for id in ids {
+        let Some(&(parent, frame)) = defs.stacks.get(&id) else {
+            continue;
+        };
+        let f = frame_text(defs, frame);
+        write!(
+            w,
+            "{{\"type\":\"stack\",\"id\":{id},\"parent\":{parent},\"file\":"
+        )?;
+        json_str(&mut w, f.file)?;
+        write!(w, ",\"line\":{},\"name\":", f.line)?;
+        json_str(&mut w, &f.name)?;
+        writeln!(w, ",\"kind\":\"{}\",\"phase\":\"{}\"}}", f.kind, f.phase)?;
+        summary.stacks += 1;
+    }
+    // Scope kinds by stack: one lookup chain per stack, not per event.
+    let mut scope_kinds: FxHashMap<u32, &'static str> = FxHashMap::default();
+    for c in &trace.chunks {
+        match c.kind {
+            ChunkKind::Mem => {
+                for (ticks, e) in trace.mem_timeline(c) {
+                    writeln!(
+                        w,
+                        "{{\"type\":\"{}\",\"ns\":{},\"thread\":{},\"device\":{},\"stream\":{},\"ptr\":{},\"bytes\":{},\"stack\":{}}}",
+                        mem_kind_name(e.kind()),
+                        trace.ns_since_start(ticks),
+                        c.thread,
+                        e.device(),
+                        e.stream(),
+                        e.ptr(),
+                        e.bytes(),
+                        e.stack(),
+                    )?;
+                    summary.mem_events += 1;
+                }
+            }
+            ChunkKind::Scope => {
+                for (end_ticks, e) in trace.scope_timeline(c) {
+                    let stack = e.stack();
+                    let kind = *scope_kinds
+                        .entry(stack)
+                        .or_insert_with(|| scope_text(defs, stack).category());
+                    let (start_ns, end_ns) = scope_span(trace, end_ticks, e.duration());
+                    writeln!(
+                        w,
+                        "{{\"type\":\"{kind}\",\"end_ns\":{end_ns},\"duration_ns\":{},\"stack\":{stack},\"thread\":{}}}",
+                        end_ns - start_ns,
+                        c.thread,
+                    )?;
+                    summary.scopes += 1;
+                }
+            }
+            ChunkKind::Mark => {
+                for e in trace.mark_events(c) {
+                    writeln!(
+                        w,
+                        "{{\"type\":\"{}\",\"ns\":{},\"epoch\":{},\"a\":{},\"b\":{}}}",
+                        mark_kind_name(e.kind()),
+                        trace.ns_since_start(e.ticks()),
+                        e.aux(),
+                        e.a(),
+                        e.b(),
+                    )?;
+                    summary.marks += 1;
+                }
+            }
+            ChunkKind::Defs | ChunkKind::Footer => {}
+        }
+        trace.release_pages(c);
+    }
+    w.flush()?;
+    summary.records = summary.stacks + summary.mem_events + summary.scopes + summary.marks;
+    Ok(summary)
+}
+
+/// The profile's figures for this trace: matched by path, so one merged profile of several
+/// traces also works; a profile of a single source is taken as the trace's own.
+fn source_of<'a>(trace: &Trace, profile: &'a Profile) -> Result<&'a Source, ExportError> {
+    let path = trace.path.display().to_string();
+    let by_path = profile.sources.iter().find(|s| s.path == path);
+    match (by_path, profile.sources.as_slice()) {
+        (Some(s), _) | (None, [s]) => Ok(s),
+        (None, _) => Err(ExportError::NoSource { path }),
+    }
+}
+
+/// The JSON array being written, and what went into it.
+struct ChromeWriter<'o> {
+    out: BufWriter<&'o mut dyn Write>,
+    first: bool,
+    summary: ExportSummary,
+}
+
+impl<'o> ChromeWriter<'o> {
+    /// Starts the next array element (one per line, so the output diffs and greps well) and
+    /// returns the writer to put the object on.
+    fn next(&mut self) -> io::Result<&mut BufWriter<&'o mut dyn Write>> {
+        self.out
+            .write_all(if self.first { b"\n" } else { b",\n" })?;
+        self.first = false;
+        self.summary.records += 1;
+        Ok(&mut self.out)
+    }
+
+    /// A `"ph":"M"` metadata event: a process's or thread's name, or its place in the list.
+    fn metadata(&mut self, name: &str, pid: u32, tid: u32, args: &str) -> io::Result<()> {
+        let w = self.next()?;
+        write!(
+            w,
+            "{{\"ph\":\"M\",\"name\":\"{name}\",\"pid\":{pid},\"tid\":{tid},\"args\":{args}}}"
+        )
+    }
+}
+
+/// One trace, as one Chrome process.
+struct ChromeProcess<'t> {
+    trace: &'t Trace,
+    pid: u32,
+    /// Added to every time: where this trace starts on the export's common time axis.
+    offset_ns: u64,
+}
+
+impl ChromeProcess<'_> {
+    fn write(&self, w: &mut ChromeWriter<'_>, source: &Source) -> io::Result<()> {
+        self.names(w, source)?;
+        self.events(w)?;
+        self.counters(w, source)?;
+        self.epochs(w, source)
+    }
+
+    fn names(&self, w: &mut ChromeWriter<'_>, source: &Source) -> io::Result<()> {
+        let (trace, pid) = (self.trace, self.pid);
+        let label = match trace.header.rank {
+            Some(rank) => format!("rank {rank}: {}", trace.path.display()),
+            None => trace.path.display().to_string(),
+        };
+        w.metadata("process_name", pid, 0, &name_args("name", &label)?)?;
+        w.metadata(
+            "process_sort_index",
+            pid,
+            0,
+            &format!("{{\"sort_index\":{pid}}}"),
+        )?;
+        let mut threads: Vec<_> = trace.defs.threads.iter().collect();
+        threads.sort_by_key(|t| t.id);
+        threads.dedup_by_key(|t| t.id);
+        for t in threads {
+            w.metadata("thread_name", pid, t.id, &name_args("name", &t.name)?)?;
+        }
+        if !source.epochs.is_empty() {
+            w.metadata("thread_name", pid, EPOCHS_TID, "{\"name\":\"epochs\"}")?;
+            // Above the recorder threads, where a reader looks first.
+            w.metadata("thread_sort_index", pid, EPOCHS_TID, "{\"sort_index\":-1}")?;
+        }
+        Ok(())
+    }
+
+    /// Scope slices and out-of-memory instants, chunk by chunk.
+    fn events(&self, w: &mut ChromeWriter<'_>) -> io::Result<()> {
+        let trace = self.trace;
+        // `"name":..,"cat":..,"args":{..}` of each scope stack, escaped once.
+        let mut fields: FxHashMap<u32, String> = FxHashMap::default();
+        for c in &trace.chunks {
+            match c.kind {
+                ChunkKind::Scope => {
+                    for (end_ticks, e) in trace.scope_timeline(c) {
+                        let stack = e.stack();
+                        let text = match fields.entry(stack) {
+                            Entry::Occupied(o) => o.into_mut(),
+                            Entry::Vacant(v) => v.insert(scope_fields(&trace.defs, stack)?),
+                        };
+                        let (start_ns, end_ns) = scope_span(trace, end_ticks, e.duration());
+                        let out = w.next()?;
+                        write!(
+                            out,
+                            "{{\"ph\":\"X\",\"pid\":{},\"tid\":{},\"ts\":{},\"dur\":{},{text}}}",
+                            self.pid,
+                            c.thread,
+                            Micros(self.offset_ns.saturating_add(start_ns)),
+                            Micros(end_ns - start_ns),
+                        )?;
+                        w.summary.scopes += 1;
+                    }
+                }
+                ChunkKind::Mem => {
+                    let ooms = trace
+                        .mem_timeline(c)
+                        .filter(|(_, e)| e.kind() == fb::MemKind::OutOfMemory);
+                    for (ticks, e) in ooms {
+                        let out = w.next()?;
+                        write!(
+                            out,
+                            "{{\"ph\":\"i\",\"s\":\"p\",\"name\":\"out_of_memory\",\"cat\":\"memory\",\"pid\":{},\"tid\":{},\"ts\":{},\"args\":{{\"requested_bytes\":{},\"pool_bytes\":{},\"device\":{},\"stream\":{}}}}}",
+                            self.pid,
+                            c.thread,
+                            Micros(self.offset_ns.saturating_add(trace.ns_since_start(ticks))),
+                            e.bytes(),
+                            e.ptr(),
+                            e.device(),
+                            e.stream(),
+                        )?;
+                        w.summary.mem_events += 1;
+                    }
+                }
+                ChunkKind::Mark | ChunkKind::Defs | ChunkKind::Footer => {}
+            }
+            trace.release_pages(c);
+        }
+        Ok(())
+    }
+
+    fn counters(&self, w: &mut ChromeWriter<'_>, source: &Source) -> io::Result<()> {
+        let points = &source.series.points;
+        // The pool starts empty with the trace and holds its final figures at the end; the
+        // two extra samples make the track span the whole trace instead of the busy part.
+        let opening = match points.first() {
+            Some(p) if p.0 > 0 => Some((0, 0, 0)),
+            _ => None,
+        };
+        let end = (
+            source.duration_ns,
+            source.pool.used_at_end_bytes,
+            source.pool.acquired_at_end_bytes,
+        );
+        let closing = match points.last() {
+            Some(p) if p.0 < end.0 => Some(end),
+            _ => None,
+        };
+        let samples = opening
+            .into_iter()
+            .chain(points.iter().copied())
+            .chain(closing);
+        for (ns, used, acquired) in samples {
+            let out = w.next()?;
+            write!(
+                out,
+                "{{\"ph\":\"C\",\"name\":\"pool\",\"pid\":{},\"ts\":{},\"args\":{{\"used_bytes\":{used},\"acquired_bytes\":{acquired}}}}}",
+                self.pid,
+                Micros(self.offset_ns.saturating_add(ns)),
+            )?;
+            w.summary.counters += 1;
+        }
+        Ok(())
+    }
+
+    fn epochs(&self, w: &mut ChromeWriter<'_>, source: &Source) -> io::Result<()> {
+        for e in &source.epochs {
+            let out = w.next()?;
+            write!(
+                out,
+                "{{\"ph\":\"X\",\"name\":\"epoch {}\",\"cat\":\"epoch\",\"pid\":{},\"tid\":{EPOCHS_TID},\"ts\":{},\"dur\":{},\"args\":{{\"epoch\":{},\"complete\":{},\"gpu_begin_bytes\":{},\"gpu_max_bytes\":{},\"gpu_end_bytes\":{}}}}}",
+                e.epoch,
+                self.pid,
+                Micros(self.offset_ns.saturating_add(e.begin_ns)),
+                Micros(e.end_ns.saturating_sub(e.begin_ns)),
+                e.epoch,
+                e.complete,
+                e.gpu_begin_bytes,
+                e.gpu_max_bytes,
+                e.gpu_end_bytes,
+            )?;
+            w.summary.marks += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A scope's (start, end) in ns since the trace started. Each end is converted on its own, and
+/// the conversion never decreases, so nesting in ticks is nesting in ns.
+fn scope_span(trace: &Trace, end_ticks: u64, duration_ticks: u64) -> (u64, u64) {
+    let end = trace.ns_since_start(end_ticks);
+    let start = trace.ns_since_start(end_ticks.saturating_sub(duration_ticks));
+    (start.min(end), end)
+}
+
+/// `{"<key>":"<text>"}` with the text escaped.
+fn name_args(key: &str, text: &str) -> io::Result<String> {
+    let mut buf = Vec::new();
+    write!(buf, "{{\"{key}\":")?;
+    json_str(&mut buf, text)?;
+    buf.push(b'}');
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// The fields a scope slice takes from its stack's innermost frame.
+fn scope_fields(defs: &Defs, stack: u32) -> io::Result<String> {
+    let f = scope_text(defs, stack);
+    let mut buf = Vec::new();
+    buf.extend_from_slice(b"\"name\":");
+    json_str(&mut buf, &f.name)?;
+    write!(
+        buf,
+        ",\"cat\":\"{}\",\"args\":{{\"phase\":\"{}\",\"file\":",
+        f.category(),
+        f.phase
+    )?;
+    json_str(&mut buf, f.file)?;
+    write!(buf, ",\"line\":{}}}", f.line)?;
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// A JSON string literal. serde_json does the escaping: names come from the traced program and
+/// may hold quotes, backslashes, control characters or any Unicode.
+fn json_str(w: &mut dyn Write, s: &str) -> io::Result<()> {
+    serde_json::to_writer(w, s).map_err(io::Error::from)
+}
+
+/// Nanoseconds written as microseconds with exactly three decimals: Chrome's unit, without the
+/// rounding a float conversion would add.
+struct Micros(u64);
+
+impl fmt::Display for Micros {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
+    }
+}
+
+/// One frame as the exports print it. A damaged trace may name a frame or stack it never
+/// defined; those print as `?` and `<undefined ...>` rather than stopping the export.
+struct FrameText<'d> {
+    kind: &'static str,
+    phase: &'static str,
+    file: &'d str,
+    line: u32,
+    name: Cow<'d, str>,
+}
+
+impl FrameText<'_> {
+    /// The scope category: function, link, or scope for everything else.
+    fn category(&self) -> &'static str {
+        match self.kind {
+            "function" | "link" => self.kind,
+            _ => "scope",
+        }
+    }
+}
+
+fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
+    match defs.frames.get(&frame) {
+        Some(f) => FrameText {
+            kind: match f.kind {
+                fb::FrameKind::Site => "site",
+                fb::FrameKind::Function => "function",
+                fb::FrameKind::Link => "link",
+                fb::FrameKind::Scope => "scope",
+                fb::FrameKind::Foreign => "foreign",
+                _ => "unknown",
+            },
+            phase: match f.phase {
+                fb::Phase::Forward => "forward",
+                fb::Phase::Backward => "backward",
+                _ => "none",
+            },
+            file: defs.string(f.file),
+            line: f.line,
+            name: Cow::Borrowed(defs.string(f.name)),
+        },
+        None => undefined(format!("<undefined frame {frame}>")),
+    }
+}
+
+/// The innermost frame of a scope's stack: the scope itself.
+fn scope_text(defs: &Defs, stack: u32) -> FrameText<'_> {
+    match defs.stacks.get(&stack) {
+        Some(&(_, frame)) => frame_text(defs, frame),
+        None => undefined(format!("<undefined stack {stack}>")),
+    }
+}
+
+fn undefined(name: String) -> FrameText<'static> {
+    FrameText {
+        kind: "unknown",
+        phase: "none",
+        file: "?",
+        line: 0,
+        name: Cow::Owned(name),
+    }
+}
+
+/// Stable names of mark kinds, as `poolsight info` shows them.
+fn mark_kind_name(k: fb::MarkKind) -> &'static str {
+    match k {
+        fb::MarkKind::EpochBegin => "epoch_begin",
+        fb::MarkKind::EpochEnd => "epoch_end",
+        fb::MarkKind::CpuSample => "cpu_sample",
+        _ => "unknown_mark",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micros_keep_every_nanosecond() {
+        assert_eq!(Micros(0).to_string(), "0.000");
+        assert_eq!(Micros(7).to_string(), "0.007");
+        assert_eq!(Micros(1_234_567).to_string(), "1234.567");
+        assert_eq!(Micros(u64::MAX).to_string(), "18446744073709551.615");
+    }
+
+    #[test]
+    fn undefined_frames_and_stacks_print_instead_of_failing() {
+        let defs = Defs::default();
+        let f = scope_fields(&defs, 9).expect("fields");
+        let v: serde_json::Value =
+            serde_json::from_str(&format!("{{{f}}}")).expect("valid JSON fields");
+        assert_eq!(v["name"], "<undefined stack 9>");
+        assert_eq!(v["cat"], "scope");
+        assert_eq!(v["args"]["file"], "?");
+    }
+}
