@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use poolsight::analyzer::flamegraph::{self, Metric};
 use poolsight::analyzer::functions::{self, Unit};
 use poolsight::analyzer::replay::progress_total;
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::timers::{self, TimeUnit, Which};
-use poolsight::analyzer::{epochs, info, lines, replay, Profile, ReplayOptions, Trace};
+use poolsight::analyzer::{
+    epochs, export, info, lines, replay, timeline, Profile, ReplayOptions, Trace,
+};
 use poolsight::demo::{DemoDevice, DemoOptions};
 use poolsight::recorder::CountingAllocator;
 
@@ -32,6 +35,14 @@ static ALLOC: CountingAllocator = CountingAllocator::new();
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+enum ExportFormat {
+    Chrome,
+    Folded,
+    #[value(alias = "jsonl")]
+    Json,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -130,6 +141,52 @@ enum Command {
         #[command(flatten)]
         input: Input,
     },
+    /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
+    ///
+    /// used: bytes taken from the pool; acquired: bytes the pool took from the device; peak:
+    /// bytes still live at the moment of the pool's peak ("what filled my GPU?"); time: self
+    /// time of scopes.
+    Flamegraph {
+        /// Trace file(s); several merge.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long, default_value = "used", value_parser = parse_metric)]
+        metric: Metric,
+        /// Title of the graph (default: the metric and the trace).
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// An SVG plot of the pool's used and acquired bytes over time, epochs shaded, peak marked.
+    Timeline {
+        /// Trace file(s); one panel per trace.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Convert for other tools: chrome (Perfetto / chrome://tracing: scopes as slices, pool
+    /// bytes as counters, epochs, OOMs), folded (stack-collapsed lines for any flamegraph
+    /// tool), json (JSON Lines: stacks, then every event, for pandas and jq).
+    Export {
+        /// Trace file(s); chrome and folded merge several, json takes one.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Where to write ("-" for stdout).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// folded: which amount the counts are.
+        #[arg(long, default_value = "used", value_parser = parse_metric)]
+        metric: Metric,
+        /// chrome: points of the pool counter tracks (each the maximum of its time bucket).
+        #[arg(long, default_value_t = 20_000)]
+        points: usize,
+    },
     /// Compare two runs and fail when memory or time grew past what --fail-on allows.
     ///
     /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
@@ -166,6 +223,11 @@ fn parse_device(s: &str) -> Result<DemoDevice, String> {
         .map_err(|e: poolsight::demo::DemoError| e.to_string())
 }
 
+fn parse_metric(s: &str) -> Result<Metric, String> {
+    s.parse()
+        .map_err(|e: poolsight::analyzer::flamegraph::ParseMetricError| e.0)
+}
+
 fn parse_unit(s: &str) -> Result<Unit, String> {
     s.parse()
 }
@@ -174,9 +236,9 @@ fn parse_time_unit(s: &str) -> Result<TimeUnit, String> {
     s.parse()
 }
 
-/// Opens and replays the traces, ordered by rank then path so that the same files give the
-/// same output whatever order they were named in. Warnings about damaged parts go to stderr.
-fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
+/// Opens the traces, ordered by rank then path so that the same files give the same output
+/// whatever order they were named in. Warnings about damaged parts go to stderr.
+fn open_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Trace>> {
     let mut traces = Vec::new();
     for p in paths {
         let t = Trace::open(p)?;
@@ -186,11 +248,15 @@ fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
         traces.push(t);
     }
     traces.sort_by(|a, b| (a.header.rank, &a.path).cmp(&(b.header.rank, &b.path)));
+    Ok(traces)
+}
+
+/// Replays opened traces, with a progress bar when it is worth one.
+fn replay_all(traces: &[Trace], base: ReplayOptions) -> Vec<Profile> {
     let progress = Arc::new(AtomicU64::new(0));
     let opts = ReplayOptions {
-        live_at_peak,
         progress: Some(Arc::clone(&progress)),
-        ..ReplayOptions::default()
+        ..base
     };
     let total: u64 = traces.iter().map(|t| progress_total(t, &opts)).sum();
     let bar = ProgressBar::start(total, progress);
@@ -200,7 +266,19 @@ fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
         .map(|(i, t)| replay(t, i as u32, &opts))
         .collect();
     bar.finish();
-    Ok(profiles)
+    profiles
+}
+
+/// Opens and replays the traces (see [`open_all`]).
+fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
+    let traces = open_all(paths)?;
+    Ok(replay_all(
+        &traces,
+        ReplayOptions {
+            live_at_peak,
+            ..ReplayOptions::default()
+        },
+    ))
 }
 
 /// A progress bar on stderr while replaying, only when stderr is a terminal and the work is
@@ -348,6 +426,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let opts = ReportOptions::default();
             let r = report::compute(&profile, &opts);
             write!(out, "{}", report::render_table(&r, &opts))?;
+            out.flush()?;
+            let svg_path = outcome.path.with_extension("svg");
+            let title = format!(
+                "poolsight demo: bytes used from the pool ({})",
+                names(std::slice::from_ref(&outcome.path))
+            );
+            let svg = flamegraph::flamegraph_svg(&profile, Metric::Used, &title)?;
+            write_file(&svg_path, &svg)?;
         }
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
@@ -433,6 +519,64 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             )?;
         }
         Command::Diff(args) => return diff_cmd::run(args, &mut out),
+        Command::Flamegraph {
+            traces,
+            output,
+            metric,
+            title,
+        } => {
+            let profile = Profile::merge(load(&traces, metric == Metric::Peak)?);
+            let title = title.unwrap_or_else(|| {
+                format!(
+                    "poolsight: {metric} by calling context ({})",
+                    names(&traces)
+                )
+            });
+            let svg = flamegraph::flamegraph_svg(&profile, metric, &title)?;
+            write_file(&output, &svg)?;
+        }
+        Command::Timeline { traces, output } => {
+            let profile = Profile::merge(load(&traces, false)?);
+            write_file(&output, &timeline::timeline_svg(&profile)?)?;
+        }
+        Command::Export {
+            traces,
+            format,
+            output,
+            metric,
+            points,
+        } => {
+            let mut sink = Sink::create(&output)?;
+            match format {
+                ExportFormat::Chrome => {
+                    let opened = open_all(&traces)?;
+                    let profiles = replay_all(
+                        &opened,
+                        ReplayOptions {
+                            series_points: points,
+                            ..ReplayOptions::default()
+                        },
+                    );
+                    let pairs: Vec<(&Trace, &Profile)> = opened.iter().zip(&profiles).collect();
+                    export::chrome(&pairs, &mut sink)?;
+                }
+                ExportFormat::Folded => {
+                    let profile = Profile::merge(load(&traces, metric == Metric::Peak)?);
+                    for line in flamegraph::folded(&profile, metric) {
+                        writeln!(sink, "{line}")?;
+                    }
+                }
+                ExportFormat::Json => {
+                    anyhow::ensure!(
+                        traces.len() == 1,
+                        "export --format json takes one trace (got {}); export each on its own",
+                        traces.len()
+                    );
+                    export::jsonl(&open_all(&traces)?[0], &mut sink)?;
+                }
+            }
+            sink.finish()?;
+        }
         Command::Report { input } => {
             let opts = ReportOptions::default();
             let v = computed(&input, |p| report::compute(p, &opts))?;
@@ -456,7 +600,70 @@ fn computed<T>(input: &Input, f: impl Fn(&Profile) -> T) -> anyhow::Result<Vec<(
         .collect())
 }
 
-#[allow(dead_code)]
 fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("poolsight: wrote {}", path.display());
+    Ok(())
+}
+
+/// The traces' file names, for titles.
+fn names(traces: &[PathBuf]) -> String {
+    traces
+        .iter()
+        .map(|p| {
+            p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where an export goes: a buffered file, or stdout for "-".
+enum Sink {
+    File(PathBuf, std::io::BufWriter<std::fs::File>),
+    Stdout(std::io::Stdout),
+}
+
+impl Sink {
+    fn create(path: &Path) -> anyhow::Result<Sink> {
+        if path == Path::new("-") {
+            return Ok(Sink::Stdout(std::io::stdout()));
+        }
+        let f = std::fs::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Sink::File(
+            path.to_path_buf(),
+            std::io::BufWriter::with_capacity(1 << 20, f),
+        ))
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Sink::File(path, mut w) => {
+                w.flush()
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                eprintln!("poolsight: wrote {}", path.display());
+            }
+            Sink::Stdout(mut s) => s.flush()?,
+        }
+        Ok(())
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(_, w) => w.write(buf),
+            Sink::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(_, w) => w.flush(),
+            Sink::Stdout(s) => s.flush(),
+        }
+    }
 }

@@ -1,0 +1,177 @@
+//! Golden files: each report, in every format, of the committed fixture traces
+//! (`fixtures/traces/`), compared byte for byte with `fixtures/expected/`. A fresh recording
+//! of each scenario must give the same memory reports as its committed trace, so the
+//! recorder and the analyzer are checked end to end.
+//!
+//! After an intended change of output: `POOLSIGHT_BLESS=1 cargo test --test golden` records
+//! the scenarios again and rewrites the expected files; review them as a diff.
+
+mod scenarios;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn blessing() -> bool {
+    std::env::var_os("POOLSIGHT_BLESS").is_some_and(|v| v != "0")
+}
+
+/// The trace arguments of a scenario, relative to the repository root.
+fn traces(name: &str, dir: &str) -> Vec<String> {
+    if name == "two_ranks" {
+        (0..2)
+            .map(|r| format!("{dir}/two_ranks-rank{r}.pstrace"))
+            .collect()
+    } else {
+        vec![format!("{dir}/{name}.pstrace")]
+    }
+}
+
+/// (expected file name, arguments before the traces).
+fn cases(name: &str) -> Vec<(String, Vec<&'static str>)> {
+    let mut c = Vec::new();
+    for cmd in ["functions", "lines", "timers", "epochs", "report"] {
+        for (fmt, ext) in [("table", "txt"), ("json", "json"), ("csv", "csv")] {
+            c.push((format!("{cmd}.{ext}"), vec![cmd, "--format", fmt]));
+        }
+    }
+    c.push(("functions-self.txt".into(), vec!["functions", "--self"]));
+    c.push((
+        "functions-auto_foreach.txt".into(),
+        vec!["functions", "--unit", "auto_foreach"],
+    ));
+    c.push((
+        "lines-max-depth-2.txt".into(),
+        vec!["lines", "--max-depth", "2"],
+    ));
+    if name == "two_ranks" {
+        c.push(("report-per-rank.txt".into(), vec!["report", "--per-rank"]));
+        c.push((
+            "epochs-per-rank.json".into(),
+            vec!["epochs", "--per-rank", "--format", "json"],
+        ));
+    }
+    c
+}
+
+fn poolsight(args: &[&str], traces: &[String]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_poolsight"))
+        .current_dir(root())
+        .args(args)
+        .args(traces)
+        .output()
+        .expect("run poolsight");
+    assert!(
+        out.status.success(),
+        "poolsight {args:?} {traces:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn expected_dir(name: &str) -> PathBuf {
+    root().join("fixtures/expected").join(name)
+}
+
+#[test]
+fn reports_of_the_committed_traces_match_the_golden_files() {
+    if blessing() {
+        let dir = root().join("fixtures/traces");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        for name in scenarios::NAMES {
+            scenarios::record(name, &dir);
+        }
+    }
+    let mut mismatches = Vec::new();
+    for name in scenarios::NAMES {
+        let traces = traces(name, "fixtures/traces");
+        std::fs::create_dir_all(expected_dir(name)).expect("mkdir");
+        for (file, args) in cases(name) {
+            let got = poolsight(&args, &traces);
+            let path = expected_dir(name).join(&file);
+            if blessing() {
+                std::fs::write(&path, &got).expect("write expected");
+                continue;
+            }
+            let want = std::fs::read_to_string(&path).unwrap_or_default();
+            if got != want {
+                mismatches.push(format!(
+                    "{}:\n--- expected\n{want}\n--- got\n{got}",
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} golden file(s) differ (POOLSIGHT_BLESS=1 rewrites them after an intended change):\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+}
+
+/// The seeds' own examples, spelled out rather than only blessed.
+#[test]
+fn the_seed_examples_hold() {
+    if blessing() {
+        return;
+    }
+    let read = |name: &str, file: &str| {
+        std::fs::read_to_string(expected_dir(name).join(file)).expect("golden file")
+    };
+    assert!(read("cupy_line_profile", "lines.txt").starts_with("_root (3.00KB, 2.00KB)\n"));
+    let functions: serde_json::Value =
+        serde_json::from_str(&read("chainer_nested", "functions.json")).expect("json");
+    let row = |n: &str| {
+        functions["functions"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["name"] == n))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mb = 1u64 << 20;
+    // Outer (twice): its own 1 MB, Inner's 3 MB and the nested Outer's 512 B, plus the nested
+    // Outer call's 512 B again (Chainer's double count).
+    assert_eq!(row("Outer")["used_bytes"], 2 * (4 * mb + 512 + 512));
+    assert_eq!(row("Outer")["occurrence"], 4);
+    assert_eq!(row("Outer")["self_used_bytes"], 2 * (mb + 512));
+    assert_eq!(row("Inner")["used_bytes"], 2 * 3 * mb);
+    let epochs: serde_json::Value =
+        serde_json::from_str(&read("fastai_epochs", "epochs.json")).expect("json");
+    let e = &epochs["epochs"];
+    assert_eq!(
+        (e[0]["gpu_used_mb"].as_i64(), e[0]["gpu_peak_mb"].as_i64()),
+        (Some(80), Some(220))
+    );
+    assert_eq!(
+        (e[1]["gpu_used_mb"].as_i64(), e[1]["gpu_peak_mb"].as_i64()),
+        (Some(-50), Some(10))
+    );
+}
+
+/// Recording each scenario again gives the same memory reports as its committed trace.
+#[test]
+fn fresh_recordings_give_the_committed_memory_reports() {
+    if blessing() {
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("golden-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let dir_arg = dir.display().to_string();
+    for name in scenarios::NAMES {
+        scenarios::record(name, &dir);
+        let fresh = traces(name, &dir_arg);
+        for (file, args) in [
+            ("functions.json", vec!["functions", "--format", "json"]),
+            ("lines.txt", vec!["lines"]),
+            ("epochs.txt", vec!["epochs"]),
+        ] {
+            let want = std::fs::read_to_string(expected_dir(name).join(file)).expect("golden");
+            assert_eq!(poolsight(&args, &fresh), want, "{name} {file}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,139 @@
+//! Small, deterministic recordings behind the golden files in `fixtures/`: each reproduces an
+//! example of a seed. Their memory figures are the same on every run; their times are not,
+//! which is why the committed traces, not fresh recordings, are what the time reports are
+//! compared on.
+//!
+//! The line report names `file:line` of these scopes and calls: editing this file moves them,
+//! and then `POOLSIGHT_BLESS=1 cargo test --test golden` rewrites the fixtures.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use poolsight::recorder::device::HostDevice;
+use poolsight::recorder::pool::MemoryPool;
+use poolsight::recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+
+pub const NAMES: [&str; 4] = [
+    "cupy_line_profile",
+    "chainer_nested",
+    "fastai_epochs",
+    "two_ranks",
+];
+
+fn recorder(path: &Path, name: &str, rank: Option<u32>) -> Recorder {
+    let config = RecorderConfig {
+        chunk_size: 4096,
+        command_line: Some(vec!["poolsight-fixture".into(), name.into()]),
+        rank,
+        world_size: rank.map(|_| 2),
+        ..RecorderConfig::default()
+    };
+    Recorder::create(path, config).expect("create the fixture trace")
+}
+
+fn pool() -> MemoryPool {
+    MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)))
+}
+
+/// Records scenario `name` into `dir/name.pstrace` (or `name-rank{r}` files).
+pub fn record(name: &str, dir: &Path) {
+    match name {
+        "cupy_line_profile" => cupy_line_profile(&dir.join("cupy_line_profile.pstrace")),
+        "chainer_nested" => chainer_nested(&dir.join("chainer_nested.pstrace")),
+        "fastai_epochs" => fastai_epochs(&dir.join("fastai_epochs.pstrace")),
+        "two_ranks" => {
+            for r in 0..2 {
+                two_ranks(&dir.join(format!("two_ranks-rank{r}.pstrace")), r);
+            }
+        }
+        other => panic!("no scenario {other}"),
+    }
+}
+
+/// CuPy's `test_line_profile`: a block malloc'd and freed before the hook, then, hooked,
+/// `malloc(1000)` reuses it (used 1 KB, nothing acquired) and `malloc(2000)` needs the device:
+/// `_root (3.00KB, 2.00KB)`.
+fn cupy_line_profile(path: &Path) {
+    let rec = recorder(path, "cupy_line_profile", None);
+    let pool = pool();
+    drop(pool.malloc(1000).expect("malloc"));
+    {
+        let _hook = TraceHook::for_pool(rec.handle(), &pool).install();
+        let _p1 = pool.malloc(1000).expect("malloc");
+        let _p2 = pool.malloc(2000).expect("malloc");
+    }
+    rec.finish().expect("finish");
+}
+
+/// Chainer's accounting of nested functions: a call's used bytes include its nested calls,
+/// so `Outer` counts `Inner`'s bytes, and `Outer` nested in itself counts the inner call's
+/// bytes twice. The exclusive columns count each malloc once.
+fn chainer_nested(path: &Path) {
+    let rec = recorder(path, "chainer_nested", None);
+    let h = rec.handle();
+    let pool = pool();
+    let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+    let mut keep = Vec::new();
+    for _ in 0..2 {
+        let _outer = h.function("Outer", Phase::Forward);
+        keep.push(pool.malloc(1 << 20).expect("malloc"));
+        {
+            let _inner = h.function("Inner", Phase::Forward);
+            keep.push(pool.malloc(3 << 20).expect("malloc"));
+        }
+        {
+            let _again = h.function("Outer", Phase::Backward);
+            keep.push(pool.malloc(512).expect("malloc"));
+        }
+    }
+    {
+        let _link = h.link("Linear");
+        let _f = h.function("LinearFunction", Phase::Forward);
+        drop(pool.malloc(4096).expect("malloc"));
+    }
+    drop(keep);
+    drop(_hook);
+    rec.finish().expect("finish");
+}
+
+const MB: u64 = 1 << 20;
+
+/// fastai's rules on exact pool figures: epoch 1 keeps 80 MB and peaks at 80 + 220 MB
+/// (peak reported as 220, the overhead over what it kept); epoch 2 frees 50 MB of it, then
+/// peaks 10 MB above its start: its used is negative (-50), so its peak is the straight
+/// difference from its start (10), not 10 - (-50).
+fn fastai_epochs(path: &Path) {
+    let rec = recorder(path, "fastai_epochs", None);
+    let h = rec.handle();
+    let pool = pool();
+    let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+    h.epoch_begin(1);
+    let mut kept = vec![pool.malloc(30 * MB).expect("malloc")];
+    kept.push(pool.malloc(50 * MB).expect("malloc"));
+    drop(pool.malloc(220 * MB).expect("malloc"));
+    h.epoch_end(1);
+    h.epoch_begin(2);
+    kept.pop();
+    drop(pool.malloc(60 * MB).expect("malloc"));
+    h.epoch_end(2);
+    drop(kept);
+    drop(_hook);
+    rec.finish().expect("finish");
+}
+
+/// Two ranks of one job: the same step, rank 1 allocating twice as much.
+fn two_ranks(path: &Path, rank: u32) {
+    let rec = recorder(path, "two_ranks", Some(rank));
+    let h = rec.handle();
+    let pool = pool();
+    let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+    h.epoch_begin(1);
+    {
+        let _l = h.link("Model");
+        let _f = h.function("Conv", Phase::Forward);
+        drop(pool.malloc((rank as u64 + 1) * MB).expect("malloc"));
+    }
+    h.epoch_end(1);
+    drop(_hook);
+    rec.finish().expect("finish");
+}
