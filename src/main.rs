@@ -439,7 +439,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut infos = Vec::new();
             for path in &traces {
                 let trace = Trace::open(path)?;
-                infos.push(info::info(&trace));
+                let mut i = info::info(&trace);
+                let profiles = replay_all(std::slice::from_ref(&trace), ReplayOptions::default());
+                if let Some(p) = profiles.first() {
+                    info::add_replay(&mut i, p);
+                }
+                infos.push(i);
             }
             match format {
                 Format::Table | Format::Csv => {

@@ -9,6 +9,8 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::reader::{ChunkKind, Trace};
+use crate::render::humanized;
+use crate::replay::{PoolFigures, Profile};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadInfo {
@@ -52,6 +54,19 @@ pub struct Info {
     pub file_bytes: u64,
     pub bytes_per_event: f64,
     pub warnings: Vec<String>,
+    /// The pool's figures from a replay (see [`add_replay`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolFigures>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
+}
+
+/// Adds what only a replay knows: the pool's peaks and counts, and the epochs.
+pub fn add_replay(info: &mut Info, profile: &Profile) {
+    if let Some(s) = profile.sources.first() {
+        info.pool = Some(s.pool.clone());
+        info.epochs = Some(s.epochs.len());
+    }
 }
 
 /// Stable names of event kinds, as `info` and its JSON show them.
@@ -199,6 +214,8 @@ pub fn info(trace: &Trace) -> Info {
             0.0
         },
         warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+        pool: None,
+        epochs: None,
     }
 }
 
@@ -275,6 +292,24 @@ pub fn render_table(i: &Info) -> String {
             "  {:>3}  {} ({} bytes, unit {})",
             d.id, d.name, d.capacity_bytes, d.allocation_unit
         );
+    }
+    if let Some(p) = &i.pool {
+        let _ = writeln!(
+            o,
+            "pool         peak used {} at {}, peak acquired {} at {}",
+            humanized(p.peak_used_bytes),
+            human_ns(p.peak_used_ns),
+            humanized(p.peak_acquired_bytes),
+            human_ns(p.peak_acquired_ns)
+        );
+        let _ = writeln!(
+            o,
+            "             {} mallocs, {} device allocations, {} releases, {} out-of-memory errors",
+            p.mallocs, p.device_allocs, p.releases, p.out_of_memory
+        );
+    }
+    if let Some(e) = i.epochs {
+        let _ = writeln!(o, "epochs       {e}");
     }
     let _ = writeln!(o, "chunks       {} ({} open)", i.chunks, i.open_chunks);
     let _ = writeln!(o, "dropped      {} events", i.dropped_events);
