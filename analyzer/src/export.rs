@@ -23,7 +23,7 @@ use std::io::{self, BufWriter, Write};
 use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
-use crate::info::mem_kind_name;
+use crate::info::{mark_kind_name, mem_kind_name};
 use crate::reader::{ChunkKind, Defs, Trace};
 use crate::replay::{Profile, Source};
 
@@ -518,15 +518,6 @@ fn undefined(name: String) -> FrameText<'static> {
     }
 }
 
-/// Stable names of mark kinds, as `poolsight info` shows them.
-fn mark_kind_name(k: fb::MarkKind) -> &'static str {
-    match k {
-        fb::MarkKind::EpochBegin => "epoch_begin",
-        fb::MarkKind::EpochEnd => "epoch_end",
-        fb::MarkKind::CpuSample => "cpu_sample",
-        _ => "unknown_mark",
-    }
-}
 
 #[cfg(test)]
 mod tests {

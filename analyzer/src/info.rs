@@ -94,7 +94,7 @@ fn scope_kind_name(k: Option<fb::FrameKind>) -> &'static str {
     }
 }
 
-fn mark_kind_name(k: fb::MarkKind) -> &'static str {
+pub fn mark_kind_name(k: fb::MarkKind) -> &'static str {
     match k {
         fb::MarkKind::EpochBegin => "epoch_begin",
         fb::MarkKind::EpochEnd => "epoch_end",

@@ -460,6 +460,19 @@ impl Default for StackAgg {
     }
 }
 
+impl StackAgg {
+    fn add(&mut self, o: &StackAgg) {
+        self.mallocs += o.mallocs;
+        self.used += o.used;
+        self.allocs += o.allocs;
+        self.acquired += o.acquired;
+        self.calls += o.calls;
+        self.ticks = self.ticks.saturating_add(o.ticks);
+        self.first_mem = self.first_mem.min(o.first_mem);
+        self.first_exit = self.first_exit.min(o.first_exit);
+    }
+}
+
 #[derive(Default)]
 struct PerStack {
     aggs: FxHashMap<u32, StackAgg>,
@@ -475,15 +488,7 @@ impl PerStack {
             (other.aggs, std::mem::take(&mut self.aggs))
         };
         for (k, v) in small {
-            let e = big.entry(k).or_default();
-            e.mallocs += v.mallocs;
-            e.used += v.used;
-            e.allocs += v.allocs;
-            e.acquired += v.acquired;
-            e.calls += v.calls;
-            e.ticks += v.ticks;
-            e.first_mem = e.first_mem.min(v.first_mem);
-            e.first_exit = e.first_exit.min(v.first_exit);
+            big.entry(k).or_default().add(&v);
         }
         PerStack {
             aggs: big,
@@ -589,12 +594,7 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
 }
 
 fn flush(aggs: &mut FxHashMap<u32, StackAgg>, (stack, a): (u32, StackAgg)) {
-    let e = aggs.entry(stack).or_default();
-    e.mallocs += a.mallocs;
-    e.used += a.used;
-    e.allocs += a.allocs;
-    e.acquired += a.acquired;
-    e.first_mem = e.first_mem.min(a.first_mem);
+    aggs.entry(stack).or_default().add(&a);
 }
 
 fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
