@@ -201,13 +201,16 @@ impl Trace {
             what,
         })?;
         let mut warnings = Vec::new();
-        let spans = walk(data, prelude.data_offset as u64, &header, &mut warnings);
-        let results: Vec<Result<ChunkInfo, Warning>> = spans
+        let spans = walk(&map, prelude.data_offset as u64, &header, &mut warnings);
+        let results: Vec<Result<ChunkInfo, Warning>> = windows(&spans, |&(off, len)| (off, len))
             .par_iter()
-            .map(|&(off, len)| {
-                let r = verify_chunk(data, off, len);
-                release(&map, off, len);
-                r
+            .flat_map_iter(|w| {
+                let out: Vec<_> = w
+                    .iter()
+                    .map(|&&(off, len)| verify_chunk(data, off, len))
+                    .collect();
+                release_window(&map, w.iter().map(|&&(off, len)| (off, len)));
+                out
             })
             .collect();
         let mut chunks = Vec::with_capacity(results.len());
@@ -279,7 +282,32 @@ impl Trace {
     /// a trace larger than RAM keeps only the chunks in flight resident. The bytes stay in the
     /// page cache; touching them again maps them back.
     pub fn release_pages(&self, c: &ChunkInfo) {
-        release(&self.map, c.offset, c.len);
+        release(&self.map, c.offset, c.offset + c.len as u64);
+    }
+
+    /// Gives back the whole pages between two file offsets (see [`Trace::release_pages`]).
+    /// Releasing in large spans matters: each release interrupts every core running this
+    /// process to flush its TLB, so a release per 64 KiB chunk costs more than the reading.
+    pub fn release_span(&self, start: u64, end: u64) {
+        release(&self.map, start, end);
+    }
+
+    /// Groups chunks into runs of neighbouring file regions of about [`WINDOW`] bytes, in file
+    /// order: the unit of parallel work of a pass that releases pages as it goes.
+    pub fn windows<'a>(
+        &self,
+        chunks: impl Iterator<Item = &'a ChunkInfo>,
+    ) -> Vec<Vec<&'a ChunkInfo>> {
+        let list: Vec<&ChunkInfo> = chunks.collect();
+        windows(&list, |c| (c.offset, c.len))
+            .into_iter()
+            .map(|w| w.into_iter().copied().collect())
+            .collect()
+    }
+
+    /// Releases the pages of a window of [`Trace::windows`] once it is processed.
+    pub fn release_window(&self, window: &[&ChunkInfo]) {
+        release_window(&self.map, window.iter().map(|c| (c.offset, c.len)));
     }
 
     /// The raw bytes of the file.
@@ -380,8 +408,51 @@ impl Trace {
     }
 }
 
+/// Bytes per unit of page release: large enough that releases are rare, small enough that a
+/// pass keeps little resident.
+pub const WINDOW: u64 = 8 << 20;
+
+/// Groups items with (offset, len) into runs of about [`WINDOW`] bytes, sorted by offset.
+fn windows<T>(items: &[T], span: impl Fn(&T) -> (u64, u32)) -> Vec<Vec<&T>> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by_key(|t| span(t).0);
+    let mut out: Vec<Vec<&T>> = Vec::new();
+    let mut start = 0u64;
+    for t in sorted {
+        let (off, _) = span(t);
+        match out.last_mut() {
+            Some(w) if off.saturating_sub(start) < WINDOW => w.push(t),
+            _ => {
+                start = off;
+                out.push(vec![t]);
+            }
+        }
+    }
+    out
+}
+
+fn release_window(map: &Mmap, spans: impl Iterator<Item = (u64, u32)>) {
+    let (mut lo, mut hi) = (u64::MAX, 0u64);
+    for (off, len) in spans {
+        lo = lo.min(off);
+        hi = hi.max(off + len as u64);
+    }
+    if lo < hi {
+        release(map, lo, hi);
+    }
+}
+
+const PAGE: u64 = 4096;
+
+/// Releases the whole pages inside [start, end): pages shared with a neighbouring region,
+/// which another thread may be reading, stay.
 #[cfg(unix)]
-fn release(map: &Mmap, offset: u64, len: u32) {
+fn release(map: &Mmap, start: u64, end: u64) {
+    let start = start.div_ceil(PAGE) * PAGE;
+    let end = (end.min(map.len() as u64) / PAGE) * PAGE;
+    if start >= end {
+        return;
+    }
     // SAFETY: the mapping is a read-only shared mapping of a file that is not written while
     // analyzed; MADV_DONTNEED on it only drops this process's page-table entries, and the next
     // access refaults the same bytes from the file. Slices into it stay valid. Failure only
@@ -389,14 +460,14 @@ fn release(map: &Mmap, offset: u64, len: u32) {
     let _ = unsafe {
         map.unchecked_advise_range(
             memmap2::UncheckedAdvice::DontNeed,
-            offset as usize,
-            len as usize,
+            start as usize,
+            (end - start) as usize,
         )
     };
 }
 
 #[cfg(not(unix))]
-fn release(_map: &Mmap, _offset: u64, _len: u32) {}
+fn release(_map: &Mmap, _start: u64, _end: u64) {}
 
 fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
     match v {
@@ -469,11 +540,15 @@ fn read_header(data: &[u8], prelude: &Prelude) -> Result<Header, (u64, String)> 
 
 /// Finds every chunk's (offset, length incl. prefix) without trusting anything but bounds.
 fn walk(
-    data: &[u8],
+    map: &Mmap,
     data_offset: u64,
     header: &Header,
     warnings: &mut Vec<Warning>,
 ) -> Vec<(u64, u32)> {
+    let data: &[u8] = map;
+    // Reading one size prefix per chunk maps the pages around it too (the kernel's fault-around),
+    // so the walk gives back what it passed every window.
+    let mut released = data_offset;
     let mut spans = Vec::new();
     let end = data.len() as u64;
     let mut off = data_offset;
@@ -509,6 +584,10 @@ fn walk(
         off += slots as u64 * slot_len;
     }
     while off < end {
+        if off - released >= WINDOW {
+            release(map, released, off);
+            released = off;
+        }
         match span_at(data, off) {
             Span::Chunk(len) => {
                 spans.push((off, len));
@@ -552,6 +631,7 @@ fn walk(
             }
         }
     }
+    release(map, released, end);
     spans
 }
 

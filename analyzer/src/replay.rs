@@ -19,8 +19,7 @@
 //! unit, as the pool rounds it. Failed mallocs and device allocations (pointer 0) count
 //! nowhere: nothing was used or acquired.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -29,7 +28,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::reader::{ChunkInfo, ChunkKind, Trace, WINDOW};
 
 /// When something was first seen: (index of the trace among those merged, ns since its start).
 /// Comparing these orders rows by trace first, then by time, deterministically.
@@ -412,14 +411,15 @@ pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
     } else {
         HashMap::new()
     };
-    let tree = build_tree(trace, index, &stacks.aggs, &live);
+    let (events, last_ticks) = (stacks.events, stacks.last_ticks);
+    let tree = build_tree(trace, index, &stacks.into_map(), &live);
     let end_ticks = trace
         .footer
-        .map_or(timeline.last_ticks.max(stacks.last_ticks), |f| f.end_ticks);
+        .map_or(timeline.last_ticks.max(last_ticks), |f| f.end_ticks);
     let source = Source {
         path: trace.path.display().to_string(),
         rank: trace.header.rank,
-        events: stacks.events,
+        events,
         duration_ns: trace.ns_since_start(end_ticks),
         warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
         pool: timeline.pool(trace),
@@ -473,28 +473,58 @@ impl StackAgg {
     }
 }
 
-#[derive(Default)]
+/// Per-stack counters of part of a trace. Stack ids are dense (interned from 1), so the
+/// first ones index a vector; ids past its end (a trace with very many stacks, or a damaged
+/// one) go to a map, which keeps memory bounded by the stacks actually seen.
 struct PerStack {
-    aggs: FxHashMap<u32, StackAgg>,
+    dense: Vec<StackAgg>,
+    sparse: FxHashMap<u32, StackAgg>,
     events: u64,
     last_ticks: u64,
 }
 
+/// Most stacks held in a [`PerStack`]'s vector (each accumulator of the parallel fold has one).
+const DENSE_STACKS: usize = 1 << 16;
+
 impl PerStack {
-    fn merge(mut self, other: PerStack) -> PerStack {
-        let (mut big, small) = if self.aggs.len() >= other.aggs.len() {
-            (std::mem::take(&mut self.aggs), other.aggs)
-        } else {
-            (other.aggs, std::mem::take(&mut self.aggs))
-        };
-        for (k, v) in small {
-            big.entry(k).or_default().add(&v);
-        }
+    fn new(stacks: usize) -> PerStack {
         PerStack {
-            aggs: big,
-            events: self.events + other.events,
-            last_ticks: self.last_ticks.max(other.last_ticks),
+            dense: vec![StackAgg::default(); (stacks + 1).min(DENSE_STACKS)],
+            sparse: FxHashMap::default(),
+            events: 0,
+            last_ticks: 0,
         }
+    }
+
+    #[inline]
+    fn slot(&mut self, stack: u32) -> &mut StackAgg {
+        match self.dense.get_mut(stack as usize) {
+            Some(a) => a,
+            None => self.sparse.entry(stack).or_default(),
+        }
+    }
+
+    fn merge(mut self, other: PerStack) -> PerStack {
+        for (a, b) in self.dense.iter_mut().zip(&other.dense) {
+            a.add(b);
+        }
+        for (k, v) in other.sparse {
+            self.sparse.entry(k).or_default().add(&v);
+        }
+        self.events += other.events;
+        self.last_ticks = self.last_ticks.max(other.last_ticks);
+        self
+    }
+
+    /// The stacks that saw anything.
+    fn into_map(self) -> FxHashMap<u32, StackAgg> {
+        let mut map = self.sparse;
+        for (id, a) in self.dense.into_iter().enumerate() {
+            if a.mallocs + a.allocs + a.calls > 0 {
+                map.insert(id as u32, a);
+            }
+        }
+        map
     }
 }
 
@@ -515,7 +545,13 @@ impl Units {
     #[inline]
     fn mem_size(&self, device: u8, size: u64) -> u64 {
         let unit = self.0[device as usize];
-        size.div_ceil(unit).saturating_mul(unit)
+        if unit.is_power_of_two() {
+            // Every real unit is a power of two; a mask spares a 64-bit division per event.
+            let mask = unit - 1;
+            size.checked_add(mask).unwrap_or(u64::MAX) & !mask
+        } else {
+            size.div_ceil(unit).saturating_mul(unit)
+        }
     }
 }
 
@@ -524,29 +560,33 @@ const DEFAULT_UNIT: u64 = 512;
 
 fn per_stack(trace: &Trace, progress: Option<&AtomicU64>) -> PerStack {
     let units = Units::of(trace);
+    let stacks = trace.defs.stacks.len();
     trace
-        .chunks
+        .windows(trace.chunks.iter())
         .par_iter()
-        .fold(PerStack::default, |mut acc, c| {
-            match c.kind {
-                ChunkKind::Mem => fold_mem(trace, c, &units, &mut acc),
-                ChunkKind::Scope => fold_scopes(trace, c, &mut acc),
-                ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
-                ChunkKind::Defs | ChunkKind::Footer => {}
-            }
-            trace.release_pages(c);
-            if let Some(p) = progress {
-                p.fetch_add(c.len as u64, Ordering::Relaxed);
-            }
-            acc
-        })
-        .reduce(PerStack::default, PerStack::merge)
+        .fold(
+            || PerStack::new(stacks),
+            |mut acc, window| {
+                for c in window {
+                    match c.kind {
+                        ChunkKind::Mem => fold_mem(trace, c, &units, &mut acc),
+                        ChunkKind::Scope => fold_scopes(trace, c, &mut acc),
+                        ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
+                        ChunkKind::Defs | ChunkKind::Footer => {}
+                    }
+                    if let Some(p) = progress {
+                        p.fetch_add(c.len as u64, Ordering::Relaxed);
+                    }
+                }
+                trace.release_window(window);
+                acc
+            },
+        )
+        .reduce(|| PerStack::new(stacks), PerStack::merge)
 }
 
 fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
     let mut base = c.base_ticks;
-    let mut last = (0u32, StackAgg::default());
-    let mut have_last = false;
     let mut events = 0u64;
     let mut last_ticks = 0;
     for e in trace.mem_events(c) {
@@ -558,43 +598,24 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
         events += 1;
         let ticks = base.wrapping_add(e.ts() as u64);
         last_ticks = ticks;
-        let (used, acquired) = match kind {
+        match kind {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
-                (units.mem_size(e.device(), e.bytes()), None)
-            }
-            fb::MemKind::AllocPost if e.ptr() != 0 => (0, Some(e.bytes())),
-            _ => continue,
-        };
-        let stack = e.stack();
-        if !have_last || last.0 != stack {
-            if have_last {
-                flush(&mut acc.aggs, last);
-            }
-            last = (stack, StackAgg::default());
-            have_last = true;
-        }
-        let a = &mut last.1;
-        match acquired {
-            None => {
+                let a = acc.slot(e.stack());
                 a.mallocs += 1;
-                a.used += used;
+                a.used += units.mem_size(e.device(), e.bytes());
+                a.first_mem = a.first_mem.min(ticks);
             }
-            Some(b) => {
+            fb::MemKind::AllocPost if e.ptr() != 0 => {
+                let a = acc.slot(e.stack());
                 a.allocs += 1;
-                a.acquired += b;
+                a.acquired += e.bytes();
+                a.first_mem = a.first_mem.min(ticks);
             }
+            _ => {}
         }
-        a.first_mem = a.first_mem.min(ticks);
-    }
-    if have_last {
-        flush(&mut acc.aggs, last);
     }
     acc.events += events;
     acc.last_ticks = acc.last_ticks.max(last_ticks);
-}
-
-fn flush(aggs: &mut FxHashMap<u32, StackAgg>, (stack, a): (u32, StackAgg)) {
-    aggs.entry(stack).or_default().add(&a);
 }
 
 fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
@@ -602,7 +623,7 @@ fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
     for (ticks, e) in trace.scope_timeline(c) {
         acc.events += 1;
         last_ticks = ticks;
-        let a = acc.aggs.entry(e.stack()).or_default();
+        let a = acc.slot(e.stack());
         a.calls += 1;
         a.ticks = a.ticks.saturating_add(e.duration());
         a.first_exit = a.first_exit.min(ticks);
@@ -1019,11 +1040,13 @@ struct Stream<'a> {
     events: &'a [fb::MemEvent],
     at: usize,
     base: u64,
-    current: Option<&'a ChunkInfo>,
+    /// File offset of the chunk being read (`u64::MAX` once done), for page release.
+    position: u64,
 }
 
 impl<'a> Stream<'a> {
     /// Ticks of the next event (rebases applied), or None at the end.
+    #[inline]
     fn peek(&mut self, trace: &'a Trace, progress: Option<&AtomicU64>) -> Option<u64> {
         loop {
             while self.at < self.events.len() {
@@ -1035,24 +1058,32 @@ impl<'a> Stream<'a> {
                 }
                 return Some(self.base.wrapping_add(e.ts() as u64));
             }
-            if let Some(c) = self.current.take() {
-                trace.release_pages(c);
-                if let Some(p) = progress {
-                    p.fetch_add(c.len as u64, Ordering::Relaxed);
-                }
+            let done = self.next_chunk.checked_sub(1).and_then(|c| self.chunks.get(c));
+            if let (Some(p), Some(c)) = (progress, done) {
+                p.fetch_add(c.len as u64, Ordering::Relaxed);
             }
-            let c = *self.chunks.get(self.next_chunk)?;
+            let Some(&c) = self.chunks.get(self.next_chunk) else {
+                self.position = u64::MAX;
+                self.events = &[];
+                self.next_chunk = self.chunks.len() + 1;
+                return None;
+            };
             self.next_chunk += 1;
             self.events = trace.mem_events(c);
             self.at = 0;
             self.base = c.base_ticks;
-            self.current = Some(c);
+            self.position = c.offset;
         }
     }
 }
 
 /// Walks memory events of all threads and the marks in time order. With `stop`, tracks live
 /// blocks and stops after the memory event of that ordinal, leaving live bytes by stack.
+///
+/// The merge picks the thread whose next event is earliest and takes its events while they are
+/// no later than any other thread's next event or the next mark. Threads are few, so a scan
+/// of the heads beats a heap. Pages are given back behind the slowest thread, a window at a
+/// time.
 fn in_time_order(
     trace: &Trace,
     points: usize,
@@ -1085,39 +1116,59 @@ fn in_time_order(
             events: &[],
             at: 0,
             base: 0,
-            current: None,
+            position: 0,
         })
         .collect();
-    let mut heap = BinaryHeap::new();
-    for (i, s) in streams.iter_mut().enumerate() {
-        if let Some(t) = s.peek(trace, progress) {
-            heap.push(Reverse((t, i)));
-        }
-    }
+    let mut heads: Vec<Option<u64>> = streams
+        .iter_mut()
+        .map(|s| s.peek(trace, progress))
+        .collect();
     let track = stop.is_some();
     let mut next_mark = 0;
-    'outer: while let Some(Reverse((t, i))) = heap.pop() {
+    let mut released = 0u64;
+    'outer: loop {
+        let mut first: Option<(u64, usize)> = None;
+        let mut second = u64::MAX;
+        for (i, h) in heads.iter().enumerate() {
+            let Some(t) = *h else { continue };
+            match first {
+                Some((ft, _)) if t >= ft => second = second.min(t),
+                Some((ft, _)) => {
+                    second = ft;
+                    first = Some((t, i));
+                }
+                None => first = Some((t, i)),
+            }
+        }
+        let Some((t, i)) = first else { break };
         while next_mark < marks.len() && marks[next_mark].ticks() < t {
             tl.mark(marks[next_mark]);
             next_mark += 1;
         }
-        // Run this thread's events while none is due from elsewhere.
-        let other = heap.peek().map_or(u64::MAX, |r| r.0 .0);
-        let mark_due = marks.get(next_mark).map_or(u64::MAX, |m| m.ticks());
+        let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));
         let s = &mut streams[i];
+        let chunk_before = s.next_chunk;
         loop {
             let Some(ticks) = s.peek(trace, progress) else {
-                continue 'outer;
+                heads[i] = None;
+                break;
             };
-            if ticks > other || ticks > mark_due {
-                heap.push(Reverse((ticks, i)));
-                continue 'outer;
+            if ticks > bound {
+                heads[i] = Some(ticks);
+                break;
             }
             let e = &s.events[s.at];
             s.at += 1;
             tl.mem(ticks, e, &units, track);
             if stop == Some(tl.ordinal - 1) {
                 break 'outer;
+            }
+        }
+        if s.next_chunk != chunk_before {
+            let low = streams.iter().map(|s| s.position).min().unwrap_or(u64::MAX);
+            if low != u64::MAX && low > released && low - released >= WINDOW {
+                trace.release_span(released, low);
+                released = low;
             }
         }
     }
@@ -1129,6 +1180,10 @@ fn in_time_order(
         for (size, stack) in tl.blocks.values() {
             *tl.live.entry(*stack).or_default() += size;
         }
+    }
+    let end = trace.bytes().len() as u64;
+    if released < end {
+        trace.release_span(released, end);
     }
     tl
 }
