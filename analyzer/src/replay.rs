@@ -548,7 +548,7 @@ impl Units {
         if unit.is_power_of_two() {
             // Every real unit is a power of two; a mask spares a 64-bit division per event.
             let mask = unit - 1;
-            size.checked_add(mask).unwrap_or(u64::MAX) & !mask
+            size.saturating_add(mask) & !mask
         } else {
             size.div_ceil(unit).saturating_mul(unit)
         }
