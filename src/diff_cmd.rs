@@ -1,15 +1,176 @@
-//! `poolsight diff` (being written).
+//! `poolsight diff`: argument parsing and rendering over [`poolsight::analyzer::diff`].
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Args;
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
+use poolsight::analyzer::flamegraph::{self, FlameError, Metric};
+use poolsight::analyzer::report::{self, ReportOptions};
+use poolsight::analyzer::Profile;
 
-#[derive(Args)]
-pub struct DiffArgs {
-    /// Base trace(s).
-    pub base: Vec<std::path::PathBuf>,
+const HELP: &str = "\
+Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
+addresses) across the headline (peak used/acquired bytes, allocations, wall time), functions,
+lines, timers and epochs; each row's key is what a rule names. Unchanged rows are hidden
+unless --all; the headline is always shown.
+
+Several runs per side: --base B1 B2 B3 --new N1 N2 N3 (shell globs work). Each figure is the
+median over a side's runs, so one slow run on a noisy machine does not fail a time rule.
+
+Rules (--fail-on, repeatable; --rules FILE with fail_on = [\"RULE\", ...]):
+  METRIC>VALUE   fails when METRIC grew by more than VALUE (METRIC>=VALUE: by VALUE or more)
+  METRIC  peak_used, peak_acquired (alias acquired), allocations, device_allocations,
+          out_of_memory, time (wall time, alias wall_time),
+          function:NAME.used|acquired|self_used|self_acquired|occurrence|time,
+          link:NAME.time|occurrence, line:STACK.used|acquired, epoch:N.gpu_used|gpu_peak|
+          cpu_used|cpu_peak; `*` matches any characters (function:*.used: every function)
+  VALUE   +5% (of the base; growth from 0 crosses any percentage), +64MB (B, KB, MB, GB, TB;
+          1024 steps), +100ms (ns, us, ms, s, min), or a plain number (bytes, ns or a count)
+
+Exit status: 0 no rule crossed, 1 a rule crossed (each violation listed), 2 bad input.
+
+Examples:
+  poolsight diff base.pstrace new.pstrace --fail-on 'peak_used>+5%'
+  poolsight diff --base base-*.pstrace --new new-*.pstrace --rules poolsight-rules.toml \\
+      --format markdown --top 15 > comment.md";
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Table,
+    /// Ready to post as a pull-request comment.
+    Markdown,
+    Json,
 }
 
-pub fn run(_args: DiffArgs, _out: &mut dyn std::io::Write) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("diff is not built yet")
+/// `poolsight diff`'s arguments; the rules grammar is in `--help`.
+#[derive(Args)]
+#[command(after_long_help = HELP, after_help = "Rules and examples: see --help.")]
+pub struct DiffArgs {
+    /// BASE NEW: one trace per side (or use --base/--new).
+    #[arg(num_args = 2, value_names = ["BASE", "NEW"], conflicts_with_all = ["base", "new"])]
+    pub traces: Vec<PathBuf>,
+    /// Base run(s): one trace per run of the same job; figures are medians over them.
+    #[arg(long, num_args = 1.., value_name = "TRACE", requires = "new")]
+    pub base: Vec<PathBuf>,
+    /// New run(s), as --base.
+    #[arg(long, num_args = 1.., value_name = "TRACE", requires = "base")]
+    pub new: Vec<PathBuf>,
+    /// A rule that fails the run when crossed, e.g. 'peak_used>+5%' (repeatable).
+    #[arg(long = "fail-on", value_name = "RULE", value_parser = parse_rule)]
+    pub fail_on: Vec<Rule>,
+    /// A TOML file of rules: fail_on = ["peak_used>+5%", "time>+20%"].
+    #[arg(long, value_name = "FILE")]
+    pub rules: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
+    pub format: DiffFormat,
+    /// Show unchanged rows too.
+    #[arg(long)]
+    pub all: bool,
+    /// At most N rows per section (the headline is always whole; rules still see every row).
+    #[arg(long, value_name = "N")]
+    pub top: Option<usize>,
+    /// Write a differential flamegraph of the calling-context trees (widths: the new run;
+    /// red: grew, blue: shrank). With several runs, the first of each side.
+    #[arg(long, value_name = "F.svg")]
+    pub flamegraph: Option<PathBuf>,
+    /// What the flamegraph measures: used, acquired, peak or time.
+    #[arg(long, default_value = "used", value_parser = parse_metric, requires = "flamegraph")]
+    pub flamegraph_metric: Metric,
+}
+
+fn parse_rule(s: &str) -> Result<Rule, String> {
+    s.parse().map_err(|e: diff::RuleError| e.to_string())
+}
+
+fn parse_metric(s: &str) -> Result<Metric, String> {
+    s.parse()
+        .map_err(|e: flamegraph::ParseMetricError| e.to_string())
+}
+
+/// The base and new traces, from either form of the command line.
+fn sides(args: &DiffArgs) -> anyhow::Result<(&[PathBuf], &[PathBuf])> {
+    match args.traces.as_slice() {
+        [] if !args.base.is_empty() && !args.new.is_empty() => Ok((&args.base, &args.new)),
+        [base, new] => Ok((std::slice::from_ref(base), std::slice::from_ref(new))),
+        _ => anyhow::bail!(
+            "diff needs two traces, BASE NEW, or several runs per side with --base ... --new ..."
+        ),
+    }
+}
+
+fn read_rules(path: &Path) -> anyhow::Result<Vec<Rule>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read rules file {}", path.display()))?;
+    diff::parse_rules_file(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// Each run's figures, and the first run's profile when a flamegraph will need it (the
+/// others are dropped as soon as their figures are taken).
+fn figures(
+    paths: &[PathBuf],
+    live_at_peak: bool,
+    keep_first: bool,
+) -> anyhow::Result<(Vec<Figures>, Option<Profile>)> {
+    let opts = ReportOptions::default();
+    let mut first = None;
+    let mut figures = Vec::new();
+    for (i, p) in crate::load(paths, live_at_peak)?.into_iter().enumerate() {
+        figures.push(Figures::of(&report::compute(&p, &opts)));
+        if i == 0 && keep_first {
+            first = Some(p);
+        }
+    }
+    Ok((figures, first))
+}
+
+pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
+    let (base_paths, new_paths) = sides(&args)?;
+    let mut rules = args.fail_on.clone();
+    if let Some(path) = &args.rules {
+        rules.extend(read_rules(path)?);
+    }
+    let live_at_peak = args.flamegraph.is_some() && args.flamegraph_metric == Metric::Peak;
+    let keep = args.flamegraph.is_some();
+    let (base, base_profile) = figures(base_paths, live_at_peak, keep)?;
+    let (new, new_profile) = figures(new_paths, live_at_peak, keep)?;
+    let d = diff::compare(&base, &new, &rules);
+
+    if let (Some(path), Some(b), Some(n)) = (&args.flamegraph, &base_profile, &new_profile) {
+        let title = format!(
+            "poolsight diff: {} (red: grew, blue: shrank)",
+            args.flamegraph_metric
+        );
+        match flamegraph::differential_svg(b, n, args.flamegraph_metric, &title) {
+            Ok(svg) => crate::write_file(path, &svg)?,
+            // A run with nothing to draw must not hide the verdict a CI job is waiting for.
+            Err(e @ FlameError::Empty { .. }) => {
+                eprintln!("poolsight: warning: no flamegraph written: {e}")
+            }
+            Err(e) => return Err(e).context("differential flamegraph"),
+        }
+    }
+
+    let show = ShowOptions {
+        all: args.all,
+        top: args.top,
+    };
+    match args.format {
+        DiffFormat::Table => write!(out, "{}", diff::render_table(&d, &show))?,
+        DiffFormat::Markdown => write!(out, "{}", diff::render_markdown(&d, &show))?,
+        DiffFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&d.json(&show))?)?,
+    }
+    if args.format != DiffFormat::Table {
+        for r in &d.unmatched_rules {
+            eprintln!("poolsight: warning: rule `{r}` matched no figure of either run");
+        }
+    }
+    out.flush()?;
+    Ok(if d.failed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -82,6 +82,12 @@ enum Command {
         /// `host` (simulated device memory, runs anywhere) or `cuda:N` (needs --features cuda).
         #[arg(long, default_value = "host", value_parser = parse_device)]
         device: DemoDevice,
+        /// Widths of the hidden layers, comma-separated (try a wider one, then `diff`).
+        #[arg(long, value_delimiter = ',', default_value = "256,256", value_parser = clap::value_parser!(u32).range(1..=65536))]
+        hidden: Vec<u32>,
+        /// Samples per training batch.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        batch: u32,
     },
     /// Header, duration, events by kind, threads, devices, dropped events and torn chunks.
     ///
@@ -396,11 +402,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             out: path,
             epochs,
             device,
+            hidden,
+            batch,
         } => {
             let opts = DemoOptions {
                 out: path,
                 epochs,
                 device,
+                hidden: hidden.into_iter().map(|h| h as usize).collect(),
+                batch: batch as usize,
                 ..DemoOptions::default()
             };
             let started = std::time::Instant::now();
