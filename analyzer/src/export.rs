@@ -518,7 +518,6 @@ fn undefined(name: String) -> FrameText<'static> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1058,7 +1058,10 @@ impl<'a> Stream<'a> {
                 }
                 return Some(self.base.wrapping_add(e.ts() as u64));
             }
-            let done = self.next_chunk.checked_sub(1).and_then(|c| self.chunks.get(c));
+            let done = self
+                .next_chunk
+                .checked_sub(1)
+                .and_then(|c| self.chunks.get(c));
             if let (Some(p), Some(c)) = (progress, done) {
                 p.fetch_add(c.len as u64, Ordering::Relaxed);
             }
