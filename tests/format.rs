@@ -523,6 +523,46 @@ mod fuzz {
                 let _ = info::info(&t);
             }
         }
+
+        /// Random byte edits in the committed fixtures (scopes, epochs, both allocation
+        /// kinds): the whole analysis — replay, every report, flamegraphs, timeline, exports —
+        /// must never panic.
+        #[test]
+        fn random_corruption_never_panics_the_analysis(
+            which in 0usize..2,
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..12),
+        ) {
+            let name = ["chainer_nested", "fastai_epochs"][which];
+            let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/traces/{name}.pstrace"));
+            let mut bytes = std::fs::read(fixture).unwrap();
+            for (idx, v) in edits {
+                let i = idx.index(bytes.len());
+                bytes[i] = v;
+            }
+            let path = tmp(&format!("fuzz-analysis-{}.pstrace", std::thread::current().name().unwrap_or("t").replace("::", "_")));
+            std::fs::write(&path, &bytes).unwrap();
+            if let Ok(t) = Trace::open(&path) {
+                analyze_everything(&t);
+            }
+        }
+    }
+
+    fn analyze_everything(t: &Trace) {
+        use poolsight::analyzer::{export, flamegraph, report, timeline};
+        let opts = poolsight::analyzer::ReplayOptions {
+            live_at_peak: true,
+            ..Default::default()
+        };
+        let p = poolsight::analyzer::replay(t, 0, &opts);
+        let r = report::compute(&p, &report::ReportOptions::default());
+        let _ = report::render_table(&r, &report::ReportOptions::default());
+        let _ = report::render_csv(&r);
+        for m in flamegraph::Metric::ALL {
+            let _ = flamegraph::flamegraph_svg(&p, m, "fuzz");
+        }
+        let _ = timeline::timeline_svg(&p);
+        let _ = export::chrome(&[(t, &p)], &mut std::io::sink());
+        let _ = export::jsonl(t, &mut std::io::sink());
     }
 }
 
