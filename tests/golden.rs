@@ -175,3 +175,71 @@ fn fresh_recordings_give_the_committed_memory_reports() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The same trace gives the same bytes whatever the parallelism: replay merges per-chunk
+/// results by sums and minima, never in the order workers finish. A trace of many small
+/// chunks from four threads makes rayon split the work differently at 1 and 4 threads.
+#[test]
+fn output_does_not_depend_on_the_number_of_threads() {
+    use poolsight::recorder::device::HostDevice;
+    use poolsight::recorder::pool::MemoryPool;
+    use poolsight::recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+    use std::sync::Arc;
+
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("threads-{}.pstrace", std::process::id()));
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            chunk_size: 4096,
+            ..RecorderConfig::default()
+        },
+    )
+    .expect("create");
+    let h = rec.handle();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let h = h.clone();
+            s.spawn(move || {
+                let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
+                let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+                for i in 0..3000u64 {
+                    let _f = h.function(if i % 3 == 0 { "A" } else { "B" }, Phase::Forward);
+                    let _l = h.link("L");
+                    drop(pool.malloc(512 * (1 + (i + t) % 7)).expect("malloc"));
+                }
+            });
+        }
+    });
+    drop(h);
+    rec.finish().expect("finish");
+    let run = |threads: &str, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_poolsight"))
+            .env("RAYON_NUM_THREADS", threads)
+            .args(args)
+            .arg(&path)
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    for args in [
+        &["report", "--format", "json"][..],
+        &[
+            "export", "--format", "folded", "-o", "-", "--metric", "time",
+        ][..],
+        &["export", "--format", "chrome", "-o", "-"][..],
+    ] {
+        let one = run("1", args);
+        assert!(!one.is_empty());
+        assert_eq!(
+            one,
+            run("4", args),
+            "{args:?} differs between 1 and 4 threads"
+        );
+    }
+}

@@ -292,8 +292,8 @@ impl Trace {
         release(&self.map, start, end);
     }
 
-    /// Groups chunks into runs of neighbouring file regions of about [`WINDOW`] bytes, in file
-    /// order: the unit of parallel work of a pass that releases pages as it goes.
+    /// Groups chunks into runs of neighbouring file regions of at most [`WINDOW`] bytes, in
+    /// file order: the unit of parallel work of a pass that releases pages as it goes.
     pub fn windows<'a>(
         &self,
         chunks: impl Iterator<Item = &'a ChunkInfo>,
@@ -412,16 +412,22 @@ impl Trace {
 /// pass keeps little resident.
 pub const WINDOW: u64 = 8 << 20;
 
-/// Groups items with (offset, len) into runs of about [`WINDOW`] bytes, sorted by offset.
+/// Smallest unit of parallel work, so that a small trace still splits across the threads.
+const MIN_WINDOW: u64 = 256 << 10;
+
+/// Groups items with (offset, len) into runs of neighbouring regions, sorted by offset: about
+/// [`WINDOW`] bytes each, or fewer so that every thread gets several runs.
 fn windows<T>(items: &[T], span: impl Fn(&T) -> (u64, u32)) -> Vec<Vec<&T>> {
     let mut sorted: Vec<&T> = items.iter().collect();
     sorted.sort_by_key(|t| span(t).0);
+    let total: u64 = sorted.iter().map(|t| span(t).1 as u64).sum();
+    let size = (total / (4 * rayon::current_num_threads() as u64)).clamp(MIN_WINDOW, WINDOW);
     let mut out: Vec<Vec<&T>> = Vec::new();
     let mut start = 0u64;
     for t in sorted {
         let (off, _) = span(t);
         match out.last_mut() {
-            Some(w) if off.saturating_sub(start) < WINDOW => w.push(t),
+            Some(w) if off.saturating_sub(start) < size => w.push(t),
             _ => {
                 start = off;
                 out.push(vec![t]);
