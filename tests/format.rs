@@ -548,7 +548,7 @@ mod fuzz {
     }
 
     fn analyze_everything(t: &Trace) {
-        use poolsight::analyzer::{export, flamegraph, report, timeline};
+        use poolsight::analyzer::{diff, export, flamegraph, report, timeline};
         let opts = poolsight::analyzer::ReplayOptions {
             live_at_peak: true,
             ..Default::default()
@@ -563,6 +563,27 @@ mod fuzz {
         let _ = timeline::timeline_svg(&p);
         let _ = export::chrome(&[(t, &p)], &mut std::io::sink());
         let _ = export::jsonl(t, &mut std::io::sink());
+        let intact = Trace::open(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces/chainer_nested.pstrace"),
+        )
+        .unwrap();
+        let base = report::compute(
+            &poolsight::analyzer::replay(&intact, 0, &Default::default()),
+            &report::ReportOptions::default(),
+        );
+        let rules: Vec<diff::Rule> = ["peak_used>+5%", "function:*.used>1MB", "time>+20%"]
+            .iter()
+            .map(|r| r.parse().unwrap())
+            .collect();
+        let d = diff::compare(
+            &[diff::Figures::of(&base)],
+            &[diff::Figures::of(&r)],
+            &rules,
+        );
+        let show = diff::ShowOptions::default();
+        let _ = diff::render_table(&d, &show);
+        let _ = diff::render_markdown(&d, &show);
+        let _ = serde_json::to_string(&d.json(&show));
     }
 }
 

@@ -43,16 +43,18 @@ fn mb(bytes: i64) -> i64 {
 }
 
 pub fn row(e: &EpochFigures) -> EpochRow {
-    let gpu_used = e.gpu_end_bytes - e.gpu_begin_bytes;
-    let gpu_peak = e.gpu_max_bytes - e.gpu_begin_bytes;
-    let cpu_used = e.cpu_end_bytes as i64 - e.cpu_begin_bytes as i64;
-    let cpu_peak = e.cpu_peak_bytes as i64 - e.cpu_begin_bytes as i64;
+    // Saturating: a damaged trace can hold any values.
+    let signed = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
+    let gpu_used = e.gpu_end_bytes.saturating_sub(e.gpu_begin_bytes);
+    let gpu_peak = e.gpu_max_bytes.saturating_sub(e.gpu_begin_bytes);
+    let cpu_used = signed(e.cpu_end_bytes).saturating_sub(signed(e.cpu_begin_bytes));
+    let cpu_peak = signed(e.cpu_peak_bytes).saturating_sub(signed(e.cpu_begin_bytes));
     let gpu_used_mb = mb(gpu_used);
     let mut gpu_peak_mb = mb(gpu_peak);
     if gpu_peak_mb < 0 {
         gpu_peak_mb = 0;
     } else if gpu_used_mb > 0 {
-        gpu_peak_mb -= gpu_used_mb;
+        gpu_peak_mb = gpu_peak_mb.saturating_sub(gpu_used_mb);
     }
     EpochRow {
         epoch: e.epoch,

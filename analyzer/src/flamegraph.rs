@@ -69,7 +69,10 @@ impl Metric {
             Metric::Acquired => n.agg.acquired_bytes,
             Metric::Peak => n.agg.live_at_peak_bytes,
             Metric::Time => {
-                let nested: u64 = n.children.iter().map(|&c| tree.nodes[c].agg.time_ns).sum();
+                let nested = n
+                    .children
+                    .iter()
+                    .fold(0u64, |t, &c| t.saturating_add(tree.nodes[c].agg.time_ns));
                 n.agg.time_ns.saturating_sub(nested)
             }
         }
@@ -132,11 +135,25 @@ fn sanitize(field: &str) -> String {
 /// Folded-stack lines, one per node with a nonzero own amount, in the tree's DFS order (so the
 /// output is the same for the same trace). Amounts recorded at `_root` itself (no stack) get
 /// the one-frame stack `_root`.
+///
+/// Flamegraph tools add the counts up in 64 bits; should a damaged trace's amounts not fit,
+/// they are all halved until they do (no real trace comes near 2^64 bytes or ns).
 pub fn folded(profile: &Profile, metric: Metric) -> Vec<String> {
     let tree = &profile.tree;
+    let nodes = tree.walk();
+    let mut shift = 0;
+    while nodes
+        .iter()
+        .try_fold(0u64, |t, &(i, _)| {
+            t.checked_add(metric.self_value(tree, i) >> shift)
+        })
+        .is_none()
+    {
+        shift += 1;
+    }
     let mut out = Vec::new();
-    for (i, _) in tree.walk() {
-        let value = metric.self_value(tree, i);
+    for (i, _) in nodes {
+        let value = metric.self_value(tree, i) >> shift;
         if value == 0 {
             continue;
         }

@@ -57,8 +57,8 @@ pub fn functions(p: &Profile) -> Functions {
                     NEVER,
                 )
             });
-            e.0.used_bytes += n.total.used_bytes;
-            e.0.acquired_bytes += n.total.acquired_bytes;
+            e.0.used_bytes = e.0.used_bytes.saturating_add(n.total.used_bytes);
+            e.0.acquired_bytes = e.0.acquired_bytes.saturating_add(n.total.acquired_bytes);
             e.0.occurrence += n.agg.calls;
             e.1 = e.1.min(n.agg.first_exit);
             e.2 = e.2.min(n.total.first_mem);
@@ -66,8 +66,9 @@ pub fn functions(p: &Profile) -> Functions {
         if let Some(f) = innermost[i] {
             let name: &str = &tree.nodes[f].frame.name;
             if let Some(e) = rows.get_mut(name) {
-                e.0.self_used_bytes += n.agg.used_bytes;
-                e.0.self_acquired_bytes += n.agg.acquired_bytes;
+                e.0.self_used_bytes = e.0.self_used_bytes.saturating_add(n.agg.used_bytes);
+                e.0.self_acquired_bytes =
+                    e.0.self_acquired_bytes.saturating_add(n.agg.acquired_bytes);
             }
         }
     }

@@ -70,8 +70,8 @@ fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
             .find(|(o, _)| o.line == f.line && *o.file == *f.file && *o.function == *f.name);
         match same {
             Some((o, grand)) => {
-                o.used_bytes += n.total.used_bytes;
-                o.acquired_bytes += n.total.acquired_bytes;
+                o.used_bytes = o.used_bytes.saturating_add(n.total.used_bytes);
+                o.acquired_bytes = o.acquired_bytes.saturating_add(n.total.acquired_bytes);
                 grand.extend(&n.children);
             }
             None => out.push((

@@ -156,14 +156,14 @@ impl Default for Agg {
 impl Agg {
     fn add(&mut self, o: &Agg) {
         self.mallocs += o.mallocs;
-        self.used_bytes += o.used_bytes;
+        self.used_bytes = self.used_bytes.saturating_add(o.used_bytes);
         self.allocs += o.allocs;
-        self.acquired_bytes += o.acquired_bytes;
+        self.acquired_bytes = self.acquired_bytes.saturating_add(o.acquired_bytes);
         self.calls += o.calls;
-        self.time_ns += o.time_ns;
+        self.time_ns = self.time_ns.saturating_add(o.time_ns);
         self.first_mem = self.first_mem.min(o.first_mem);
         self.first_exit = self.first_exit.min(o.first_exit);
-        self.live_at_peak_bytes += o.live_at_peak_bytes;
+        self.live_at_peak_bytes = self.live_at_peak_bytes.saturating_add(o.live_at_peak_bytes);
     }
 }
 
@@ -463,9 +463,9 @@ impl Default for StackAgg {
 impl StackAgg {
     fn add(&mut self, o: &StackAgg) {
         self.mallocs += o.mallocs;
-        self.used += o.used;
+        self.used = self.used.saturating_add(o.used);
         self.allocs += o.allocs;
-        self.acquired += o.acquired;
+        self.acquired = self.acquired.saturating_add(o.acquired);
         self.calls += o.calls;
         self.ticks = self.ticks.saturating_add(o.ticks);
         self.first_mem = self.first_mem.min(o.first_mem);
@@ -602,13 +602,13 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let a = acc.slot(e.stack());
                 a.mallocs += 1;
-                a.used += units.mem_size(e.device(), e.bytes());
+                a.used = a.used.saturating_add(units.mem_size(e.device(), e.bytes()));
                 a.first_mem = a.first_mem.min(ticks);
             }
             fb::MemKind::AllocPost if e.ptr() != 0 => {
                 let a = acc.slot(e.stack());
                 a.allocs += 1;
-                a.acquired += e.bytes();
+                a.acquired = a.acquired.saturating_add(e.bytes());
                 a.first_mem = a.first_mem.min(ticks);
             }
             _ => {}
@@ -756,6 +756,13 @@ fn node_for(
     at
 }
 
+/// Byte counts from the file as signed running totals; a damaged trace's absurd sizes
+/// saturate instead of wrapping.
+#[inline]
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
 /// State of the time-ordered pass.
 struct Timeline {
     used: i64,
@@ -831,7 +838,7 @@ impl Timeline {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let size = units.mem_size(e.device(), e.bytes());
                 self.mallocs += 1;
-                self.used += size as i64;
+                self.used = self.used.saturating_add(signed(size));
                 if track {
                     self.blocks.insert((e.device(), e.ptr()), (size, e.stack()));
                 }
@@ -843,14 +850,14 @@ impl Timeline {
             }
             fb::MemKind::FreePost => {
                 self.frees += 1;
-                self.used -= e.bytes() as i64;
+                self.used = self.used.saturating_sub(signed(e.bytes()));
                 if track {
                     self.blocks.remove(&(e.device(), e.ptr()));
                 }
             }
             fb::MemKind::AllocPost if e.ptr() != 0 => {
                 self.allocs += 1;
-                self.acquired += e.bytes() as i64;
+                self.acquired = self.acquired.saturating_add(signed(e.bytes()));
                 if self.acquired > self.peak_acquired {
                     self.peak_acquired = self.acquired;
                     self.peak_acquired_ticks = ticks;
@@ -858,7 +865,7 @@ impl Timeline {
             }
             fb::MemKind::Release => {
                 self.releases += 1;
-                self.acquired -= e.bytes() as i64;
+                self.acquired = self.acquired.saturating_sub(signed(e.bytes()));
             }
             fb::MemKind::OutOfMemory => self.ooms += 1,
             _ => {}
@@ -1181,7 +1188,8 @@ fn in_time_order(
         }
     } else {
         for (size, stack) in tl.blocks.values() {
-            *tl.live.entry(*stack).or_default() += size;
+            let live = tl.live.entry(*stack).or_default();
+            *live = live.saturating_add(*size);
         }
     }
     let end = trace.bytes().len() as u64;

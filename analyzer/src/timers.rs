@@ -53,7 +53,7 @@ fn table(p: &Profile, kind: FrameKind) -> (Vec<TimerRow>, u64) {
             continue;
         }
         if !inside[i] {
-            total += n.agg.time_ns;
+            total = total.saturating_add(n.agg.time_ns);
         }
         let e = rows.entry(&n.frame.name).or_insert_with(|| {
             (
@@ -65,7 +65,7 @@ fn table(p: &Profile, kind: FrameKind) -> (Vec<TimerRow>, u64) {
                 n.agg.first_exit,
             )
         });
-        e.0.elapsed_ns += n.agg.time_ns;
+        e.0.elapsed_ns = e.0.elapsed_ns.saturating_add(n.agg.time_ns);
         e.0.occurrence += n.agg.calls;
         e.1 = e.1.min(n.agg.first_exit);
     }
