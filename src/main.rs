@@ -29,7 +29,8 @@ static ALLOC: CountingAllocator = CountingAllocator::new();
 /// Record what a training run does with GPU memory and time; analyze the trace later.
 ///
 /// Analysis commands take one or more traces: several (the ranks of one job) merge into one
-/// report, and --per-rank prints each on its own. Exit codes: 0 ok, 2 bad input or usage.
+/// report, and --per-rank prints each on its own. Exit codes: 0 ok, 1 a `diff` rule was
+/// crossed, 2 bad input or usage (one line on stderr).
 #[derive(Parser)]
 #[command(name = "poolsight", version, about, long_about)]
 struct Cli {
@@ -174,9 +175,11 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Convert for other tools: chrome (Perfetto / chrome://tracing: scopes as slices, pool
-    /// bytes as counters, epochs, OOMs), folded (stack-collapsed lines for any flamegraph
-    /// tool), json (JSON Lines: stacks, then every event, for pandas and jq).
+    /// Convert a trace for other tools: Perfetto/Chrome, folded stacks, JSON Lines.
+    ///
+    /// chrome (Perfetto / chrome://tracing: scopes as slices, pool bytes as counters, epochs,
+    /// OOMs), folded (stack-collapsed lines for any flamegraph tool), json (JSON Lines: stacks,
+    /// then every event, for pandas and jq).
     Export {
         /// Trace file(s); chrome and folded merge several, json takes one.
         #[arg(required = true)]
