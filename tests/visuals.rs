@@ -10,7 +10,8 @@ use std::time::Duration;
 use poolsight::analyzer::flamegraph::{
     diff_folded, differential_svg, flamegraph_svg, folded, FlameError, Metric,
 };
-use poolsight::analyzer::timeline::{human_bytes, timeline_svg, TimelineError};
+use poolsight::analyzer::render::humanized;
+use poolsight::analyzer::timeline::{timeline_svg, TimelineError};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
 use poolsight::recorder::device::HostDevice;
 use poolsight::recorder::pool::MemoryPool;
@@ -323,12 +324,8 @@ fn timeline_shades_each_epoch_and_marks_the_peak() {
         "epoch 3's block over the kept ones"
     );
     assert_eq!(svg.matches(r#"<g class="peak">"#).count(), 1);
-    assert!(svg.contains(&format!("peak {}", human_bytes(peak as f64))));
-    assert!(
-        svg.contains("peak 3.50MB at "),
-        "{}",
-        human_bytes(peak as f64)
-    );
+    assert!(svg.contains(&format!("peak {}", humanized(peak))));
+    assert!(svg.contains("peak 3.50MB at "), "{}", humanized(peak));
     assert!(svg.contains("used bytes") && svg.contains("acquired bytes"));
     assert!(
         svg.contains(">2MB</text>") && svg.contains(">0</text>"),

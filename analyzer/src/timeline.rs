@@ -7,6 +7,7 @@
 
 use std::fmt::Write as _;
 
+use crate::render::{humanized, time_auto};
 use crate::replay::{Profile, Source};
 
 /// Why no timeline could be drawn.
@@ -212,8 +213,8 @@ fn panel(svg: &mut String, s: &Source, top: f64, alone: bool) {
         let _ = writeln!(
             svg,
             r#"<g class="peak"><circle cx="{px:.1}" cy="{py:.1}" r="4" fill="{USED_COLOR}"/><text x="{lx:.1}" y="{ly:.1}" text-anchor="{anchor}">peak {} at {}</text></g>"#,
-            human_bytes(s.pool.peak_used_bytes as f64),
-            human_time(s.pool.peak_used_ns as f64),
+            humanized(s.pool.peak_used_bytes),
+            time_auto(s.pool.peak_used_ns),
             ly = (py - 6.0).max(y0 + 24.0),
         );
     }
@@ -237,18 +238,6 @@ fn time_unit(max: f64) -> (f64, &'static str) {
         .into_iter()
         .find(|&(u, _)| max >= u)
         .unwrap_or((1.0, "ns"))
-}
-
-/// `12.50MB`, the same form as the `lines` report.
-pub fn human_bytes(bytes: f64) -> String {
-    let (unit, name) = byte_unit(bytes);
-    format!("{:.2}{name}", bytes / unit)
-}
-
-/// `1.25s`, `300.00us`: the first unit whose value is 1 or more, as the `timers` report.
-pub fn human_time(ns: f64) -> String {
-    let (unit, name) = time_unit(ns);
-    format!("{:.2}{name}", ns / unit)
 }
 
 /// A tick step of 1, 2 or 5 times a power of ten giving 4 to 10 ticks over `span`.
@@ -312,10 +301,6 @@ mod tests {
 
     #[test]
     fn units_and_ticks_read_as_people_write_them() {
-        assert_eq!(human_bytes(12.5 * 1024.0 * 1024.0), "12.50MB");
-        assert_eq!(human_bytes(0.0), "0.00B");
-        assert_eq!(human_time(1_250_000_000.0), "1.25s");
-        assert_eq!(human_time(300_000.0), "300.00us");
         assert_eq!(nice_step(10.0), 2.0);
         assert_eq!(nice_step(1000.0), 200.0);
         assert_eq!(trim(2.50), "2.5");
