@@ -193,3 +193,31 @@ fn corrupted_chunks_are_skipped_with_a_warning() {
     }
     assert!(seen_warning, "no corruption was reported");
 }
+
+/// A run killed inside an epoch: the epoch is reported up to the trace's end, and marked.
+#[test]
+fn an_epoch_the_trace_ended_inside_is_marked() {
+    use poolsight::recorder::device::HostDevice;
+    use poolsight::recorder::pool::MemoryPool;
+    use poolsight::recorder::TraceHook;
+    use std::sync::Arc;
+
+    let path = scratch("cut-epoch.pstrace");
+    let rec = Recorder::create(&path, RecorderConfig::default()).expect("create");
+    let h = rec.handle();
+    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
+    let hook = TraceHook::for_pool(h.clone(), &pool).install();
+    h.epoch_begin(1);
+    let kept = pool.malloc(3 << 20).expect("malloc");
+    drop(hook);
+    rec.finish().expect("finish");
+    drop(kept);
+    let o = check_contract(&["epochs"], &path);
+    assert_eq!(o.code, 0);
+    assert!(o.stdout.contains("    1*"), "{}", o.stdout);
+    assert!(o.stdout.contains("ended inside this epoch"), "{}", o.stdout);
+    let o = check_contract(&["epochs", "--format", "json"], &path);
+    let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(j["epochs"][0]["complete"], false);
+    assert_eq!(j["epochs"][0]["gpu_used_mb"], 3);
+}

@@ -25,7 +25,7 @@ use rustc_hash::FxHashMap;
 
 use crate::info::{mark_kind_name, mem_kind_name};
 use crate::reader::{ChunkKind, Defs, Trace};
-use crate::replay::{Profile, Source};
+use crate::replay::{FrameKind, Phase, Profile, Source};
 
 /// Why an export stopped.
 #[derive(Debug, thiserror::Error)]
@@ -479,19 +479,8 @@ impl FrameText<'_> {
 fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
     match defs.frames.get(&frame) {
         Some(f) => FrameText {
-            kind: match f.kind {
-                fb::FrameKind::Site => "site",
-                fb::FrameKind::Function => "function",
-                fb::FrameKind::Link => "link",
-                fb::FrameKind::Scope => "scope",
-                fb::FrameKind::Foreign => "foreign",
-                _ => "unknown",
-            },
-            phase: match f.phase {
-                fb::Phase::Forward => "forward",
-                fb::Phase::Backward => "backward",
-                _ => "none",
-            },
+            kind: FrameKind::from(f.kind).as_str(),
+            phase: Phase::from(f.phase).as_str(),
             file: defs.string(f.file),
             line: f.line,
             name: Cow::Borrowed(defs.string(f.name)),

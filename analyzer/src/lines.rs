@@ -88,8 +88,7 @@ fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
         }
     }
     out.into_iter()
-        .map(|(mut node, grand)| {
-            let mut grand = grand;
+        .map(|(mut node, mut grand)| {
             // Merged siblings' children: keep first-seen order across them.
             grand.sort_by_key(|&g| (tree.nodes[g].total.first_mem, g));
             node.children = children(tree, &grand, levels - 1);

@@ -89,6 +89,53 @@ pub enum Phase {
     Backward,
 }
 
+impl From<fb::FrameKind> for FrameKind {
+    fn from(k: fb::FrameKind) -> FrameKind {
+        match k {
+            fb::FrameKind::Site => FrameKind::Site,
+            fb::FrameKind::Function => FrameKind::Function,
+            fb::FrameKind::Link => FrameKind::Link,
+            fb::FrameKind::Scope => FrameKind::Scope,
+            fb::FrameKind::Foreign => FrameKind::Foreign,
+            _ => FrameKind::Unknown,
+        }
+    }
+}
+
+impl FrameKind {
+    /// The stable name exports and JSON use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Site => "site",
+            FrameKind::Function => "function",
+            FrameKind::Link => "link",
+            FrameKind::Scope => "scope",
+            FrameKind::Foreign => "foreign",
+            FrameKind::Unknown => "unknown",
+        }
+    }
+}
+
+impl From<fb::Phase> for Phase {
+    fn from(p: fb::Phase) -> Phase {
+        match p {
+            fb::Phase::Forward => Phase::Forward,
+            fb::Phase::Backward => Phase::Backward,
+            _ => Phase::None,
+        }
+    }
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::None => "none",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+        }
+    }
+}
+
 /// One frame of a calling context: `file:line:name`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Frame {
@@ -390,7 +437,7 @@ impl Profile {
         first
     }
 
-    /// Total of a figure over the merged traces' pools.
+    /// Wall time of the longest of the merged traces.
     pub fn duration_ns(&self) -> u64 {
         self.sources
             .iter()
@@ -635,19 +682,8 @@ fn frame_of(trace: &Trace, frame_id: u32) -> Frame {
     let defs = &trace.defs;
     match defs.frames.get(&frame_id) {
         Some(f) => Frame {
-            kind: match f.kind {
-                fb::FrameKind::Site => FrameKind::Site,
-                fb::FrameKind::Function => FrameKind::Function,
-                fb::FrameKind::Link => FrameKind::Link,
-                fb::FrameKind::Scope => FrameKind::Scope,
-                fb::FrameKind::Foreign => FrameKind::Foreign,
-                _ => FrameKind::Unknown,
-            },
-            phase: match f.phase {
-                fb::Phase::Forward => Phase::Forward,
-                fb::Phase::Backward => Phase::Backward,
-                _ => Phase::None,
-            },
+            kind: f.kind.into(),
+            phase: f.phase.into(),
             file: defs.string(f.file).into(),
             line: f.line,
             name: defs.string(f.name).into(),
@@ -789,6 +825,7 @@ struct Timeline {
     live: HashMap<u32, u64>,
 }
 
+#[derive(Clone)]
 struct OpenEpoch {
     epoch: u32,
     begin_ticks: u64,
@@ -930,24 +967,16 @@ impl Timeline {
 
     fn epochs(&self, trace: &Trace, end_ticks: u64) -> Vec<EpochFigures> {
         let mut raw: Vec<&RawEpoch> = self.epochs.iter().collect();
-        let cut;
-        if let Some(open) = &self.open_epoch {
-            cut = RawEpoch {
-                open: OpenEpoch {
-                    epoch: open.epoch,
-                    begin_ticks: open.begin_ticks,
-                    gpu_begin: open.gpu_begin,
-                    gpu_max: open.gpu_max,
-                    cpu_begin: open.cpu_begin,
-                },
-                end_ticks: end_ticks.max(open.begin_ticks),
-                gpu_end: self.used,
-                cpu_end: open.cpu_begin,
-                cpu_peak: open.cpu_begin,
-                complete: false,
-            };
-            raw.push(&cut);
-        }
+        // An epoch the trace ended inside runs to the trace's end.
+        let cut = self.open_epoch.as_ref().map(|open| RawEpoch {
+            open: open.clone(),
+            end_ticks: end_ticks.max(open.begin_ticks),
+            gpu_end: self.used,
+            cpu_end: open.cpu_begin,
+            cpu_peak: open.cpu_begin,
+            complete: false,
+        });
+        raw.extend(cut.as_ref());
         raw.iter()
             .map(|r| EpochFigures {
                 epoch: r.open.epoch,

@@ -50,22 +50,20 @@ pub fn summary(p: &Profile) -> Summary {
 }
 
 pub fn render_summary(s: &Summary) -> String {
-    let mut out = String::new();
-    out.push_str(&format!(
-        "{} events over {:.3} s; pool peak used {}, peak acquired {}; {} allocations ({} from the device){}\n",
+    let ooms = if s.out_of_memory > 0 {
+        format!("; {} out-of-memory errors", s.out_of_memory)
+    } else {
+        String::new()
+    };
+    format!(
+        "{} events over {:.3} s; pool peak used {}, peak acquired {}; {} allocations ({} from the device){ooms}\n",
         s.events,
         s.duration_ns as f64 / 1e9,
         humanized(s.peak_used_bytes),
         humanized(s.peak_acquired_bytes),
         s.total_allocations,
         s.device_allocations,
-        if s.out_of_memory > 0 {
-            format!("; {} out-of-memory errors", s.out_of_memory)
-        } else {
-            String::new()
-        }
-    ));
-    out
+    )
 }
 
 /// How each section is computed and printed.
