@@ -117,7 +117,10 @@ fn figures(
     let opts = ReportOptions::default();
     let mut first = None;
     let mut figures = Vec::new();
-    for (i, p) in crate::load(paths, live_at_peak)?.into_iter().enumerate() {
+    for (i, p) in crate::term::load_profiles(paths, live_at_peak)?
+        .into_iter()
+        .enumerate()
+    {
         figures.push(Figures::of(&report::compute(&p, &opts)));
         if i == 0 && keep_first {
             first = Some(p);
@@ -144,7 +147,7 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<ExitCode> {
             args.flamegraph_metric
         );
         match flamegraph::differential_svg(b, n, args.flamegraph_metric, &title) {
-            Ok(svg) => crate::write_file(path, &svg)?,
+            Ok(svg) => crate::term::write_file(path, &svg)?,
             // A run with nothing to draw must not hide the verdict a CI job is waiting for.
             Err(e @ FlameError::Empty { .. }) => {
                 eprintln!("poolsight: warning: no flamegraph written: {e}")

@@ -1,26 +1,23 @@
 //! The `poolsight` command: argument parsing and rendering only; the work lives in the crates.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use poolsight::analyzer::flamegraph::{self, Metric};
 use poolsight::analyzer::functions::{self, Unit};
-use poolsight::analyzer::replay::progress_total;
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::timers::{self, TimeUnit, Which};
 use poolsight::analyzer::{
-    epochs, export, info, lines, replay, timeline, Profile, ReplayOptions, Trace,
+    epochs, export, info, lines, load, timeline, Profile, ReplayOptions, Trace,
 };
 use poolsight::demo::{DemoDevice, DemoOptions};
 use poolsight::recorder::CountingAllocator;
 
 mod diff_cmd;
+mod term;
 
 // Exact heap bytes for the demo's per-epoch CPU figures, as tracemalloc gives Python.
 #[global_allocator]
@@ -245,109 +242,13 @@ fn parse_time_unit(s: &str) -> Result<TimeUnit, String> {
     s.parse()
 }
 
-/// Opens the traces, ordered by rank then path so that the same files give the same output
-/// whatever order they were named in. Warnings about damaged parts go to stderr.
-fn open_all(paths: &[PathBuf]) -> anyhow::Result<Vec<Trace>> {
-    let mut traces = Vec::new();
-    for p in paths {
-        let t = Trace::open(p)?;
-        for w in &t.warnings {
-            eprintln!("poolsight: warning: {}: {w}", t.path.display());
-        }
-        traces.push(t);
-    }
-    traces.sort_by(|a, b| (a.header.rank, &a.path).cmp(&(b.header.rank, &b.path)));
-    Ok(traces)
-}
-
-/// Replays opened traces, with a progress bar when it is worth one.
-fn replay_all(traces: &[Trace], base: ReplayOptions) -> Vec<Profile> {
-    let progress = Arc::new(AtomicU64::new(0));
-    let opts = ReplayOptions {
-        progress: Some(Arc::clone(&progress)),
-        ..base
-    };
-    let total: u64 = traces.iter().map(|t| progress_total(t, &opts)).sum();
-    let bar = ProgressBar::start(total, progress);
-    let profiles = traces
-        .iter()
-        .enumerate()
-        .map(|(i, t)| replay(t, i as u32, &opts))
-        .collect();
-    bar.finish();
-    profiles
-}
-
-/// Opens and replays the traces (see [`open_all`]).
-fn load(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
-    let traces = open_all(paths)?;
-    Ok(replay_all(
-        &traces,
-        ReplayOptions {
-            live_at_peak,
-            ..ReplayOptions::default()
-        },
-    ))
-}
-
-/// A progress bar on stderr while replaying, only when stderr is a terminal and the work is
-/// big enough to notice; silent otherwise (CI logs, pipes).
-struct ProgressBar {
-    done: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-const PROGRESS_MIN_BYTES: u64 = 256 << 20;
-
-impl ProgressBar {
-    fn start(total: u64, progress: Arc<AtomicU64>) -> ProgressBar {
-        let done = Arc::new(AtomicBool::new(false));
-        let thread = (std::io::stderr().is_terminal() && total >= PROGRESS_MIN_BYTES).then(|| {
-            let done = Arc::clone(&done);
-            std::thread::spawn(move || {
-                let bar = indicatif::ProgressBar::new(total);
-                bar.set_style(
-                    indicatif::ProgressStyle::with_template(
-                        "replaying {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
-                    )
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                );
-                while !done.load(Ordering::Relaxed) {
-                    bar.set_position(progress.load(Ordering::Relaxed).min(total));
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                bar.finish_and_clear();
-            })
-        });
-        ProgressBar { done, thread }
-    }
-
-    fn finish(mut self) {
-        self.done.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// The merged profile, or one per trace with `--per-rank`, each with a heading.
 fn views(input: &Input, live_at_peak: bool) -> anyhow::Result<Vec<(String, Profile)>> {
-    let profiles = load(&input.traces, live_at_peak)?;
-    if input.per_rank && profiles.len() > 1 {
-        Ok(profiles
-            .into_iter()
-            .map(|p| {
-                let s = &p.sources[0];
-                let name = match s.rank {
-                    Some(r) => format!("rank {r} ({})", s.path),
-                    None => s.path.clone(),
-                };
-                (name, p)
-            })
-            .collect())
-    } else {
-        Ok(vec![(String::new(), Profile::merge(profiles))])
-    }
+    let profiles = term::load_profiles(&input.traces, live_at_peak)?;
+    Ok(load::views(profiles, input.per_rank)
+        .into_iter()
+        .map(|v| (v.heading, v.profile))
+        .collect())
 }
 
 /// Prints one rendering per view: tables and CSV under `== heading ==` lines, JSON as one
@@ -435,7 +336,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 outcome.summary.events,
                 outcome.summary.file_bytes
             )?;
-            let profile = Profile::merge(load(std::slice::from_ref(&outcome.path), false)?);
+            let profile = Profile::merge(term::load_profiles(
+                std::slice::from_ref(&outcome.path),
+                false,
+            )?);
             let opts = ReportOptions::default();
             let r = report::compute(&profile, &opts);
             write!(out, "{}", report::render_table(&r, &opts))?;
@@ -446,14 +350,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 names(std::slice::from_ref(&outcome.path))
             );
             let svg = flamegraph::flamegraph_svg(&profile, Metric::Used, &title)?;
-            write_file(&svg_path, &svg)?;
+            term::write_file(&svg_path, &svg)?;
         }
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
             for path in &traces {
                 let trace = Trace::open(path)?;
                 let mut i = info::info(&trace);
-                let profiles = replay_all(std::slice::from_ref(&trace), ReplayOptions::default());
+                let profiles =
+                    term::replay_traces(std::slice::from_ref(&trace), ReplayOptions::default());
                 if let Some(p) = profiles.first() {
                     info::add_replay(&mut i, p);
                 }
@@ -543,7 +448,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             metric,
             title,
         } => {
-            let profile = Profile::merge(load(&traces, metric == Metric::Peak)?);
+            let profile = Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
             let title = title.unwrap_or_else(|| {
                 format!(
                     "poolsight: {metric} by calling context ({})",
@@ -551,11 +456,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 )
             });
             let svg = flamegraph::flamegraph_svg(&profile, metric, &title)?;
-            write_file(&output, &svg)?;
+            term::write_file(&output, &svg)?;
         }
         Command::Timeline { traces, output } => {
-            let profile = Profile::merge(load(&traces, false)?);
-            write_file(&output, &timeline::timeline_svg(&profile)?)?;
+            let profile = Profile::merge(term::load_profiles(&traces, false)?);
+            term::write_file(&output, &timeline::timeline_svg(&profile)?)?;
         }
         Command::Export {
             traces,
@@ -567,19 +472,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut sink = Sink::create(&output)?;
             match format {
                 ExportFormat::Chrome => {
-                    let opened = open_all(&traces)?;
-                    let profiles = replay_all(
-                        &opened,
+                    let loaded = term::load_traces(
+                        &traces,
                         ReplayOptions {
                             series_points: points,
                             ..ReplayOptions::default()
                         },
-                    );
-                    let pairs: Vec<(&Trace, &Profile)> = opened.iter().zip(&profiles).collect();
+                    )?;
+                    let pairs: Vec<(&Trace, &Profile)> =
+                        loaded.traces.iter().zip(&loaded.profiles).collect();
                     export::chrome(&pairs, &mut sink)?;
                 }
                 ExportFormat::Folded => {
-                    let profile = Profile::merge(load(&traces, metric == Metric::Peak)?);
+                    let profile =
+                        Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
                     for line in flamegraph::folded(&profile, metric) {
                         writeln!(sink, "{line}")?;
                     }
@@ -590,7 +496,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         "export --format json takes one trace (got {}); export each on its own",
                         traces.len()
                     );
-                    export::jsonl(&open_all(&traces)?[0], &mut sink)?;
+                    let opened = load::open_all(&traces)?;
+                    opened.warnings.iter().for_each(term::warn);
+                    export::jsonl(&opened.traces[0], &mut sink)?;
                 }
             }
             sink.finish()?;
@@ -616,12 +524,6 @@ fn computed<T>(input: &Input, f: impl Fn(&Profile) -> T) -> anyhow::Result<Vec<(
         .into_iter()
         .map(|(name, p)| (name, f(&p)))
         .collect())
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
-    eprintln!("poolsight: wrote {}", path.display());
-    Ok(())
 }
 
 /// The traces' file names, for titles.
@@ -662,7 +564,7 @@ impl Sink {
             Sink::File(path, mut w) => {
                 w.flush()
                     .with_context(|| format!("cannot write {}", path.display()))?;
-                eprintln!("poolsight: wrote {}", path.display());
+                term::wrote(&path);
             }
             Sink::Stdout(mut s) => s.flush()?,
         }

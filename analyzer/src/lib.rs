@@ -10,6 +10,7 @@ pub mod flamegraph;
 pub mod functions;
 pub mod info;
 pub mod lines;
+pub mod load;
 pub mod reader;
 pub mod render;
 pub mod replay;

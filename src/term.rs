@@ -1,0 +1,109 @@
+//! What the CLI writes to stderr besides errors: warnings about damaged traces, the replay
+//! progress bar, and a note for each file written.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use poolsight::analyzer::load::{self, LoadWarning, Loaded};
+use poolsight::analyzer::{Profile, ReplayOptions, Trace};
+
+pub fn warn(w: &LoadWarning) {
+    eprintln!("poolsight: warning: {w}");
+}
+
+/// Opens and replays the traces ([`load::open_all`], [`load::replay_all`]), printing the
+/// warnings once they are open and a progress bar while replaying.
+pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
+    let opened = load::open_all(paths)?;
+    opened.warnings.iter().for_each(warn);
+    let profiles = replay_traces(&opened.traces, opts);
+    Ok(Loaded {
+        traces: opened.traces,
+        profiles,
+        warnings: opened.warnings,
+    })
+}
+
+/// The traces' profiles (see [`load_traces`]).
+pub fn load_profiles(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
+    let opts = ReplayOptions {
+        live_at_peak,
+        ..ReplayOptions::default()
+    };
+    Ok(load_traces(paths, opts)?.profiles)
+}
+
+/// [`load::replay_all`] with a progress bar.
+pub fn replay_traces(traces: &[Trace], opts: ReplayOptions) -> Vec<Profile> {
+    let mut bar = ProgressBar::new();
+    let opts = ReplayOptions {
+        progress: Some(Arc::clone(&bar.done)),
+        ..opts
+    };
+    let profiles = load::replay_all(traces, &opts, |total| bar.begin(total));
+    bar.finish();
+    profiles
+}
+
+pub fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    wrote(path);
+    Ok(())
+}
+
+pub fn wrote(path: &Path) {
+    eprintln!("poolsight: wrote {}", path.display());
+}
+
+/// A progress bar on stderr while replaying, only when stderr is a terminal and the work is
+/// big enough to notice; silent otherwise (CI logs, pipes).
+struct ProgressBar {
+    done: Arc<AtomicU64>,
+    finished: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+const PROGRESS_MIN_BYTES: u64 = 256 << 20;
+
+impl ProgressBar {
+    fn new() -> ProgressBar {
+        ProgressBar {
+            done: Arc::new(AtomicU64::new(0)),
+            finished: Arc::new(AtomicBool::new(false)),
+            thread: None,
+        }
+    }
+
+    /// Shows the bar, once the total is known, if it is worth one.
+    fn begin(&mut self, total: u64) {
+        if !std::io::stderr().is_terminal() || total < PROGRESS_MIN_BYTES {
+            return;
+        }
+        let (done, finished) = (Arc::clone(&self.done), Arc::clone(&self.finished));
+        self.thread = Some(std::thread::spawn(move || {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "replaying {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            while !finished.load(Ordering::Relaxed) {
+                bar.set_position(done.load(Ordering::Relaxed).min(total));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        }));
+    }
+
+    fn finish(mut self) {
+        self.finished.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
