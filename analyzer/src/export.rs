@@ -23,9 +23,9 @@ use std::io::{self, BufWriter, Write};
 use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
-use crate::info::{mark_kind_name, mem_kind_name};
+use crate::names::{mark_kind_name, mem_kind_name, scope_category, FrameKind, Phase};
 use crate::reader::{ChunkKind, Defs, Trace};
-use crate::replay::{FrameKind, Phase, Profile, Source};
+use crate::replay::{Profile, Source};
 
 /// Why an export stopped.
 #[derive(Debug, thiserror::Error)]
@@ -151,7 +151,12 @@ pub fn jsonl(trace: &Trace, out: &mut dyn Write) -> Result<ExportSummary, Export
         json_str(&mut w, f.file)?;
         write!(w, ",\"line\":{},\"name\":", f.line)?;
         json_str(&mut w, &f.name)?;
-        writeln!(w, ",\"kind\":\"{}\",\"phase\":\"{}\"}}", f.kind, f.phase)?;
+        writeln!(
+            w,
+            ",\"kind\":\"{}\",\"phase\":\"{}\"}}",
+            f.kind.as_str(),
+            f.phase.as_str()
+        )?;
         summary.stacks += 1;
     }
     // Scope kinds by stack: one lookup chain per stack, not per event.
@@ -433,7 +438,7 @@ fn scope_fields(defs: &Defs, stack: u32) -> io::Result<String> {
         buf,
         ",\"cat\":\"{}\",\"args\":{{\"phase\":\"{}\",\"file\":",
         f.category(),
-        f.phase
+        f.phase.as_str()
     )?;
     json_str(&mut buf, f.file)?;
     write!(buf, ",\"line\":{}}}", f.line)?;
@@ -459,28 +464,24 @@ impl fmt::Display for Micros {
 /// One frame as the exports print it. A damaged trace may name a frame or stack it never
 /// defined; those print as `?` and `<undefined ...>` rather than stopping the export.
 struct FrameText<'d> {
-    kind: &'static str,
-    phase: &'static str,
+    kind: FrameKind,
+    phase: Phase,
     file: &'d str,
     line: u32,
     name: Cow<'d, str>,
 }
 
 impl FrameText<'_> {
-    /// The scope category: function, link, or scope for everything else.
     fn category(&self) -> &'static str {
-        match self.kind {
-            "function" | "link" => self.kind,
-            _ => "scope",
-        }
+        scope_category(self.kind)
     }
 }
 
 fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
     match defs.frames.get(&frame) {
         Some(f) => FrameText {
-            kind: FrameKind::from(f.kind).as_str(),
-            phase: Phase::from(f.phase).as_str(),
+            kind: f.kind.into(),
+            phase: f.phase.into(),
             file: defs.string(f.file),
             line: f.line,
             name: Cow::Borrowed(defs.string(f.name)),
@@ -499,8 +500,8 @@ fn scope_text(defs: &Defs, stack: u32) -> FrameText<'_> {
 
 fn undefined(name: String) -> FrameText<'static> {
     FrameText {
-        kind: "unknown",
-        phase: "none",
+        kind: FrameKind::Unknown,
+        phase: Phase::None,
         file: "?",
         line: 0,
         name: Cow::Owned(name),

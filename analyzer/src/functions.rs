@@ -15,8 +15,9 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::names::FrameKind;
 use crate::render::{bytes_in, choose_byte_unit, csv, right_aligned, BYTE_UNITS};
-use crate::replay::{FrameKind, Profile, Seen, NEVER};
+use crate::replay::{Profile, Seen, NEVER};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FunctionRow {

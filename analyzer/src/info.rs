@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use poolsight_schema::fb;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
 use crate::reader::{ChunkKind, Trace};
 use crate::render::humanized;
 use crate::replay::{PoolFigures, Profile};
@@ -69,40 +69,6 @@ pub fn add_replay(info: &mut Info, profile: &Profile) {
     }
 }
 
-/// Stable names of event kinds, as `info` and its JSON show them.
-pub fn mem_kind_name(k: fb::MemKind) -> &'static str {
-    match k {
-        fb::MemKind::MallocPre => "malloc_pre",
-        fb::MemKind::MallocPost => "malloc_post",
-        fb::MemKind::AllocPre => "alloc_pre",
-        fb::MemKind::AllocPost => "alloc_post",
-        fb::MemKind::FreePre => "free_pre",
-        fb::MemKind::FreePost => "free_post",
-        fb::MemKind::Release => "release",
-        fb::MemKind::OutOfMemory => "out_of_memory",
-        fb::MemKind::LimitSet => "limit_set",
-        _ => "unknown_mem",
-    }
-}
-
-fn scope_kind_name(k: Option<fb::FrameKind>) -> &'static str {
-    match k {
-        Some(fb::FrameKind::Function) => "function",
-        Some(fb::FrameKind::Link) => "link",
-        Some(fb::FrameKind::Scope) => "scope",
-        _ => "scope_other",
-    }
-}
-
-pub fn mark_kind_name(k: fb::MarkKind) -> &'static str {
-    match k {
-        fb::MarkKind::EpochBegin => "epoch_begin",
-        fb::MarkKind::EpochEnd => "epoch_end",
-        fb::MarkKind::CpuSample => "cpu_sample",
-        _ => "unknown_mark",
-    }
-}
-
 #[derive(Default)]
 struct Tally {
     counts: BTreeMap<&'static str, u64>,
@@ -142,8 +108,8 @@ pub fn info(trace: &Trace) -> Info {
                             .stacks
                             .get(&e.stack())
                             .and_then(|(_, f)| trace.defs.frames.get(f))
-                            .map(|f| f.kind);
-                        bump(scope_kind_name(kind), ticks);
+                            .map(|f| FrameKind::from(f.kind));
+                        bump(scope_event_name(kind), ticks);
                     }
                 }
                 ChunkKind::Mark => {
@@ -219,25 +185,6 @@ pub fn info(trace: &Trace) -> Info {
     }
 }
 
-/// Order in which `info` lists event kinds: the pool's hooks in CuPy's order, then the rest.
-const KIND_ORDER: &[&str] = &[
-    "malloc_pre",
-    "malloc_post",
-    "alloc_pre",
-    "alloc_post",
-    "free_pre",
-    "free_post",
-    "release",
-    "out_of_memory",
-    "limit_set",
-    "function",
-    "link",
-    "scope",
-    "epoch_begin",
-    "epoch_end",
-    "cpu_sample",
-];
-
 pub fn render_table(i: &Info) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "trace        {}", i.path);
@@ -277,7 +224,7 @@ pub fn render_table(i: &Info) -> String {
     let _ = writeln!(o, "events       {}", i.total_events);
     let width = i.events.keys().map(|k| k.len()).max().unwrap_or(0);
     let mut kinds: Vec<(&str, u64)> = i.events.iter().map(|(k, v)| (*k, *v)).collect();
-    kinds.sort_by_key(|(k, _)| KIND_ORDER.iter().position(|x| x == k).unwrap_or(usize::MAX));
+    kinds.sort_by_key(|(k, _)| EVENT_KEYS.iter().position(|x| x == k).unwrap_or(usize::MAX));
     for (k, v) in kinds {
         let _ = writeln!(o, "  {k:<width$}  {v}");
     }

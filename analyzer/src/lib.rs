@@ -11,6 +11,7 @@ pub mod functions;
 pub mod info;
 pub mod lines;
 pub mod load;
+pub mod names;
 pub mod reader;
 pub mod render;
 pub mod replay;

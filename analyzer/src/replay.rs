@@ -28,6 +28,7 @@ use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
+use crate::names::{FrameKind, Phase};
 use crate::reader::{ChunkInfo, ChunkKind, Trace, WINDOW};
 
 /// When something was first seen: (index of the trace among those merged, ns since its start).
@@ -65,73 +66,6 @@ impl Default for ReplayOptions {
             live_at_peak: false,
             series_points: 2000,
             progress: None,
-        }
-    }
-}
-
-/// Kind of a frame, as recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FrameKind {
-    Site,
-    Function,
-    Link,
-    Scope,
-    Foreign,
-    Unknown,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    None,
-    Forward,
-    Backward,
-}
-
-impl From<fb::FrameKind> for FrameKind {
-    fn from(k: fb::FrameKind) -> FrameKind {
-        match k {
-            fb::FrameKind::Site => FrameKind::Site,
-            fb::FrameKind::Function => FrameKind::Function,
-            fb::FrameKind::Link => FrameKind::Link,
-            fb::FrameKind::Scope => FrameKind::Scope,
-            fb::FrameKind::Foreign => FrameKind::Foreign,
-            _ => FrameKind::Unknown,
-        }
-    }
-}
-
-impl FrameKind {
-    /// The stable name exports and JSON use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FrameKind::Site => "site",
-            FrameKind::Function => "function",
-            FrameKind::Link => "link",
-            FrameKind::Scope => "scope",
-            FrameKind::Foreign => "foreign",
-            FrameKind::Unknown => "unknown",
-        }
-    }
-}
-
-impl From<fb::Phase> for Phase {
-    fn from(p: fb::Phase) -> Phase {
-        match p {
-            fb::Phase::Forward => Phase::Forward,
-            fb::Phase::Backward => Phase::Backward,
-            _ => Phase::None,
-        }
-    }
-}
-
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::None => "none",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
         }
     }
 }

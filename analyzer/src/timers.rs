@@ -10,8 +10,9 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::names::FrameKind;
 use crate::render::{csv, right_aligned, time_auto, time_in, TIME_UNITS};
-use crate::replay::{FrameKind, Profile, Seen};
+use crate::replay::{Profile, Seen};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TimerRow {
