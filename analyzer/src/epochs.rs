@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::render::csv;
-use crate::replay::{EpochFigures, Profile};
+use crate::replay::{signed, EpochFigures, Profile};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EpochRow {
@@ -43,8 +43,6 @@ fn mb(bytes: i64) -> i64 {
 }
 
 pub fn row(e: &EpochFigures) -> EpochRow {
-    // Saturating: a damaged trace can hold any values.
-    let signed = |b: u64| i64::try_from(b).unwrap_or(i64::MAX);
     let gpu_used = e.gpu_end_bytes.saturating_sub(e.gpu_begin_bytes);
     let gpu_peak = e.gpu_max_bytes.saturating_sub(e.gpu_begin_bytes);
     let cpu_used = signed(e.cpu_end_bytes).saturating_sub(signed(e.cpu_begin_bytes));

@@ -1,0 +1,131 @@
+//! Replay: turns a verified trace into a [`Profile`], the one summary every report is computed
+//! from. Two passes run at once (`rayon::join`):
+//!
+//! - **Per stack** (parallel over chunks): each chunk folds its events into a small map from
+//!   interned stack id to counters (mallocs, used bytes, device allocs, acquired bytes, scope
+//!   calls, scope time, first-seen times). Maps merge by addition and minimum, so the result
+//!   does not depend on how rayon splits the work.
+//! - **In time order** (one thread): the pool's used and acquired bytes over time need the
+//!   memory events of every thread merged by timestamp, with the epoch marks in between. A
+//!   k-way merge over the per-thread chunk sequences walks them, taking runs of one thread's
+//!   events while no other thread's event is earlier, so a single-threaded trace costs no heap
+//!   operation per event.
+//!
+//! Memory stays bounded by the number of distinct stacks, not events: nothing is copied out of
+//! the mapping, and each pass gives a chunk's pages back to the kernel once it is done with
+//! them (see [`Trace::release_pages`]), so a trace far larger than RAM replays in a few MB.
+//!
+//! Bytes: a malloc's `mem_size` is its requested size rounded up to the device's allocation
+//! unit, as the pool rounds it. Failed mallocs and device allocations (pointer 0) count
+//! nowhere: nothing was used or acquired.
+
+mod ordered;
+mod profile;
+mod stacks;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::reader::{ChunkKind, Trace};
+
+pub use profile::{
+    signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Seen, Series, Source,
+    NEVER,
+};
+
+/// What to compute beyond the always-computed figures.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Bytes live at the moment of the pool's peak, by stack (a second time-ordered pass).
+    pub live_at_peak: bool,
+    /// Points in the used/acquired-bytes series (for the timeline plot).
+    pub series_points: usize,
+    /// Bytes of chunks processed so far, for a progress bar; each pass adds each chunk's
+    /// length once, so the total is [`progress_total`] of the trace.
+    pub progress: Option<Arc<AtomicU64>>,
+}
+
+/// What [`ReplayOptions::progress`] counts up to for a trace.
+pub fn progress_total(trace: &Trace, opts: &ReplayOptions) -> u64 {
+    let bytes: u64 = trace.chunks.iter().map(|c| c.len as u64).sum();
+    let mem: u64 = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mem)
+        .map(|c| c.len as u64)
+        .sum();
+    bytes + mem * if opts.live_at_peak { 2 } else { 1 }
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            live_at_peak: false,
+            series_points: 2000,
+            progress: None,
+        }
+    }
+}
+
+/// Replays one trace. `index` is its position among the traces being merged (0 for one).
+pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
+    let (stacks, timeline) = rayon::join(
+        || stacks::per_stack(trace, opts.progress.as_deref()),
+        || ordered::in_time_order(trace, opts.series_points, None, opts.progress.as_deref()),
+    );
+    let live = if opts.live_at_peak && timeline.peak_ordinal.is_some() {
+        ordered::in_time_order(trace, 0, timeline.peak_ordinal, opts.progress.as_deref()).live
+    } else {
+        HashMap::new()
+    };
+    let (events, last_ticks) = (stacks.events, stacks.last_ticks);
+    let tree = stacks::build_tree(trace, index, &stacks.into_map(), &live);
+    let end_ticks = trace
+        .footer
+        .map_or(timeline.last_ticks.max(last_ticks), |f| f.end_ticks);
+    let source = Source {
+        path: trace.path.display().to_string(),
+        rank: trace.header.rank,
+        events,
+        duration_ns: trace.ns_since_start(end_ticks),
+        warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+        pool: timeline.pool(trace),
+        epochs: timeline.epochs(trace, end_ticks),
+        series: timeline.series(trace),
+    };
+    Profile {
+        sources: vec![source],
+        tree,
+    }
+}
+
+/// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit).
+struct Units([u64; 256]);
+
+impl Units {
+    fn of(trace: &Trace) -> Units {
+        let mut u = [DEFAULT_UNIT; 256];
+        for d in &trace.defs.devices {
+            if let Some(slot) = u.get_mut(d.id as usize) {
+                *slot = d.allocation_unit.max(1);
+            }
+        }
+        Units(u)
+    }
+
+    #[inline]
+    fn mem_size(&self, device: u8, size: u64) -> u64 {
+        let unit = self.0[device as usize];
+        if unit.is_power_of_two() {
+            // Every real unit is a power of two; a mask spares a 64-bit division per event.
+            let mask = unit - 1;
+            size.saturating_add(mask) & !mask
+        } else {
+            size.div_ceil(unit).saturating_mul(unit)
+        }
+    }
+}
+
+/// CuPy's allocation unit, for devices a damaged trace never defined.
+const DEFAULT_UNIT: u64 = 512;

@@ -1,0 +1,442 @@
+//! The time-ordered pass: the memory events of every thread merged by timestamp, with the
+//! epoch marks in between, for the pool's used and acquired bytes over time, its peaks, the
+//! epochs' figures, and (on a second walk) the bytes live at the used peak.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use poolsight_schema::fb;
+use rustc_hash::FxHashMap;
+
+use super::profile::{signed, EpochFigures, PoolFigures, Series};
+use super::Units;
+use crate::reader::{ChunkInfo, ChunkKind, Trace, WINDOW};
+
+/// State of the time-ordered pass.
+pub(super) struct Timeline {
+    used: i64,
+    acquired: i64,
+    peak_used: i64,
+    peak_used_ticks: u64,
+    peak_acquired: i64,
+    peak_acquired_ticks: u64,
+    /// Ordinal (in merge order) of the memory event that reached the used peak.
+    pub(super) peak_ordinal: Option<u64>,
+    ordinal: u64,
+    pub(super) last_ticks: u64,
+    mallocs: u64,
+    frees: u64,
+    allocs: u64,
+    releases: u64,
+    ooms: u64,
+    open_epoch: Option<OpenEpoch>,
+    epochs: Vec<RawEpoch>,
+    series: Downsampler,
+    /// With a stop ordinal: (device, ptr) -> (mem_size, stack) of live blocks.
+    blocks: FxHashMap<(u8, u64), (u64, u32)>,
+    /// Live bytes by stack at the stop ordinal.
+    pub(super) live: HashMap<u32, u64>,
+}
+
+#[derive(Clone)]
+struct OpenEpoch {
+    epoch: u32,
+    begin_ticks: u64,
+    gpu_begin: i64,
+    gpu_max: i64,
+    cpu_begin: u64,
+}
+
+struct RawEpoch {
+    open: OpenEpoch,
+    end_ticks: u64,
+    gpu_end: i64,
+    cpu_end: u64,
+    cpu_peak: u64,
+    complete: bool,
+}
+
+impl Timeline {
+    fn new(t0: u64, points: usize) -> Timeline {
+        Timeline {
+            used: 0,
+            acquired: 0,
+            peak_used: 0,
+            peak_used_ticks: 0,
+            peak_acquired: 0,
+            peak_acquired_ticks: 0,
+            peak_ordinal: None,
+            ordinal: 0,
+            last_ticks: 0,
+            mallocs: 0,
+            frees: 0,
+            allocs: 0,
+            releases: 0,
+            ooms: 0,
+            open_epoch: None,
+            epochs: Vec::new(),
+            series: Downsampler::new(t0, points),
+            blocks: FxHashMap::default(),
+            live: HashMap::new(),
+        }
+    }
+
+    #[inline]
+    fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units, track: bool) {
+        self.last_ticks = ticks;
+        match e.kind() {
+            fb::MemKind::MallocPost if e.ptr() != 0 => {
+                let size = units.mem_size(e.device(), e.bytes());
+                self.mallocs += 1;
+                self.used = self.used.saturating_add(signed(size));
+                if track {
+                    self.blocks.insert((e.device(), e.ptr()), (size, e.stack()));
+                }
+                if self.used > self.peak_used {
+                    self.peak_used = self.used;
+                    self.peak_used_ticks = ticks;
+                    self.peak_ordinal = Some(self.ordinal);
+                }
+            }
+            fb::MemKind::FreePost => {
+                self.frees += 1;
+                self.used = self.used.saturating_sub(signed(e.bytes()));
+                if track {
+                    self.blocks.remove(&(e.device(), e.ptr()));
+                }
+            }
+            fb::MemKind::AllocPost if e.ptr() != 0 => {
+                self.allocs += 1;
+                self.acquired = self.acquired.saturating_add(signed(e.bytes()));
+                if self.acquired > self.peak_acquired {
+                    self.peak_acquired = self.acquired;
+                    self.peak_acquired_ticks = ticks;
+                }
+            }
+            fb::MemKind::Release => {
+                self.releases += 1;
+                self.acquired = self.acquired.saturating_sub(signed(e.bytes()));
+            }
+            fb::MemKind::OutOfMemory => self.ooms += 1,
+            _ => {}
+        }
+        if let Some(ep) = &mut self.open_epoch {
+            ep.gpu_max = ep.gpu_max.max(self.used);
+        }
+        self.series.add(ticks, self.used, self.acquired);
+        self.ordinal += 1;
+    }
+
+    fn mark(&mut self, e: &fb::MarkEvent) {
+        match e.kind() {
+            fb::MarkKind::EpochBegin => {
+                self.close_epoch(e.ticks(), None);
+                self.open_epoch = Some(OpenEpoch {
+                    epoch: e.aux(),
+                    begin_ticks: e.ticks(),
+                    gpu_begin: self.used,
+                    gpu_max: self.used,
+                    cpu_begin: e.a(),
+                });
+            }
+            fb::MarkKind::EpochEnd => self.close_epoch(e.ticks(), Some((e.a(), e.b()))),
+            _ => {}
+        }
+    }
+
+    /// Closes the open epoch: at its end mark (`cpu` = bytes now, peak), or cut short.
+    fn close_epoch(&mut self, ticks: u64, cpu: Option<(u64, u64)>) {
+        if let Some(open) = self.open_epoch.take() {
+            let (cpu_end, cpu_peak, complete) = match cpu {
+                Some((now, peak)) => (now, peak, true),
+                None => (open.cpu_begin, open.cpu_begin, false),
+            };
+            self.epochs.push(RawEpoch {
+                end_ticks: ticks,
+                gpu_end: self.used,
+                cpu_end,
+                cpu_peak,
+                complete,
+                open,
+            });
+        }
+    }
+
+    pub(super) fn pool(&self, trace: &Trace) -> PoolFigures {
+        PoolFigures {
+            peak_used_bytes: self.peak_used.max(0) as u64,
+            peak_used_ns: trace.ns_since_start(self.peak_used_ticks),
+            peak_acquired_bytes: self.peak_acquired.max(0) as u64,
+            peak_acquired_ns: trace.ns_since_start(self.peak_acquired_ticks),
+            used_at_end_bytes: self.used,
+            acquired_at_end_bytes: self.acquired,
+            mallocs: self.mallocs,
+            frees: self.frees,
+            device_allocs: self.allocs,
+            releases: self.releases,
+            out_of_memory: self.ooms,
+        }
+    }
+
+    pub(super) fn epochs(&self, trace: &Trace, end_ticks: u64) -> Vec<EpochFigures> {
+        let mut raw: Vec<&RawEpoch> = self.epochs.iter().collect();
+        // An epoch the trace ended inside runs to the trace's end.
+        let cut = self.open_epoch.as_ref().map(|open| RawEpoch {
+            open: open.clone(),
+            end_ticks: end_ticks.max(open.begin_ticks),
+            gpu_end: self.used,
+            cpu_end: open.cpu_begin,
+            cpu_peak: open.cpu_begin,
+            complete: false,
+        });
+        raw.extend(cut.as_ref());
+        raw.iter()
+            .map(|r| EpochFigures {
+                epoch: r.open.epoch,
+                begin_ns: trace.ns_since_start(r.open.begin_ticks),
+                end_ns: trace.ns_since_start(r.end_ticks),
+                complete: r.complete,
+                gpu_begin_bytes: r.open.gpu_begin,
+                gpu_end_bytes: r.gpu_end,
+                gpu_max_bytes: r.open.gpu_max,
+                cpu_begin_bytes: r.open.cpu_begin,
+                cpu_end_bytes: r.cpu_end,
+                cpu_peak_bytes: r.cpu_peak,
+            })
+            .collect()
+    }
+
+    pub(super) fn series(&self, trace: &Trace) -> Series {
+        let d = &self.series;
+        let t0 = trace.header.ticks0;
+        Series {
+            bucket_ns: trace.ticks_to_ns(1u64 << d.shift.min(63)) as f64,
+            points: d
+                .buckets
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| {
+                    b.map(|(u, a)| {
+                        let ticks = t0.saturating_add((i as u64) << d.shift);
+                        (trace.ns_since_start(ticks), u, a)
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Max used and acquired bytes per time bucket; the bucket width doubles (buckets merge
+/// pairwise) whenever time runs past the last one, so the count stays bounded without knowing
+/// the trace's length in advance.
+struct Downsampler {
+    t0: u64,
+    shift: u32,
+    cap: usize,
+    buckets: Vec<Option<(i64, i64)>>,
+}
+
+impl Downsampler {
+    fn new(t0: u64, cap: usize) -> Downsampler {
+        Downsampler {
+            t0,
+            shift: 10,
+            cap,
+            buckets: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, ticks: u64, used: i64, acquired: i64) {
+        if self.cap == 0 {
+            return;
+        }
+        let mut i = (ticks.saturating_sub(self.t0) >> self.shift) as usize;
+        while i >= self.cap {
+            self.coarsen();
+            i >>= 1;
+        }
+        if i >= self.buckets.len() {
+            self.buckets.resize(i + 1, None);
+        }
+        let b = &mut self.buckets[i];
+        *b = Some(match *b {
+            Some((u, a)) => (u.max(used), a.max(acquired)),
+            None => (used, acquired),
+        });
+    }
+
+    fn coarsen(&mut self) {
+        let merged = self
+            .buckets
+            .chunks(2)
+            .map(|p| {
+                p.iter()
+                    .flatten()
+                    .copied()
+                    .reduce(|x, y| (x.0.max(y.0), x.1.max(y.1)))
+            })
+            .collect();
+        self.buckets = merged;
+        self.shift += 1;
+    }
+}
+
+/// One thread's memory chunks, walked in order.
+struct Stream<'a> {
+    chunks: Vec<&'a ChunkInfo>,
+    next_chunk: usize,
+    events: &'a [fb::MemEvent],
+    at: usize,
+    base: u64,
+    /// File offset of the chunk being read (`u64::MAX` once done), for page release.
+    position: u64,
+}
+
+impl<'a> Stream<'a> {
+    /// Ticks of the next event (rebases applied), or None at the end.
+    #[inline]
+    fn peek(&mut self, trace: &'a Trace, progress: Option<&AtomicU64>) -> Option<u64> {
+        loop {
+            while self.at < self.events.len() {
+                let e = &self.events[self.at];
+                if e.kind() == fb::MemKind::Rebase {
+                    self.base = e.ptr();
+                    self.at += 1;
+                    continue;
+                }
+                return Some(self.base.wrapping_add(e.ts() as u64));
+            }
+            let done = self
+                .next_chunk
+                .checked_sub(1)
+                .and_then(|c| self.chunks.get(c));
+            if let (Some(p), Some(c)) = (progress, done) {
+                p.fetch_add(c.len as u64, Ordering::Relaxed);
+            }
+            let Some(&c) = self.chunks.get(self.next_chunk) else {
+                self.position = u64::MAX;
+                self.events = &[];
+                self.next_chunk = self.chunks.len() + 1;
+                return None;
+            };
+            self.next_chunk += 1;
+            self.events = trace.mem_events(c);
+            self.at = 0;
+            self.base = c.base_ticks;
+            self.position = c.offset;
+        }
+    }
+}
+
+/// Walks memory events of all threads and the marks in time order. With `stop`, tracks live
+/// blocks and stops after the memory event of that ordinal, leaving live bytes by stack.
+///
+/// The merge picks the thread whose next event is earliest and takes its events while they are
+/// no later than any other thread's next event or the next mark. Threads are few, so a scan
+/// of the heads beats a heap. Pages are given back behind the slowest thread, a window at a
+/// time.
+pub(super) fn in_time_order(
+    trace: &Trace,
+    points: usize,
+    stop: Option<u64>,
+    progress: Option<&AtomicU64>,
+) -> Timeline {
+    let units = Units::of(trace);
+    let mut tl = Timeline::new(trace.header.ticks0, points);
+    let mut marks: Vec<&fb::MarkEvent> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mark)
+        .flat_map(|c| trace.mark_events(c))
+        .collect();
+    // Stable: marks at one tick keep their recorded order.
+    marks.sort_by_key(|m| m.ticks());
+    let mut by_thread: Vec<(u32, Vec<&ChunkInfo>)> = Vec::new();
+    for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
+        match by_thread.iter_mut().find(|(t, _)| *t == c.thread) {
+            Some((_, v)) => v.push(c),
+            None => by_thread.push((c.thread, vec![c])),
+        }
+    }
+    by_thread.sort_by_key(|(t, _)| *t);
+    let mut streams: Vec<Stream> = by_thread
+        .into_iter()
+        .map(|(_, chunks)| Stream {
+            chunks,
+            next_chunk: 0,
+            events: &[],
+            at: 0,
+            base: 0,
+            position: 0,
+        })
+        .collect();
+    let mut heads: Vec<Option<u64>> = streams
+        .iter_mut()
+        .map(|s| s.peek(trace, progress))
+        .collect();
+    let track = stop.is_some();
+    let mut next_mark = 0;
+    let mut released = 0u64;
+    'outer: loop {
+        let mut first: Option<(u64, usize)> = None;
+        let mut second = u64::MAX;
+        for (i, h) in heads.iter().enumerate() {
+            let Some(t) = *h else { continue };
+            match first {
+                Some((ft, _)) if t >= ft => second = second.min(t),
+                Some((ft, _)) => {
+                    second = ft;
+                    first = Some((t, i));
+                }
+                None => first = Some((t, i)),
+            }
+        }
+        let Some((t, i)) = first else { break };
+        while next_mark < marks.len() && marks[next_mark].ticks() < t {
+            tl.mark(marks[next_mark]);
+            next_mark += 1;
+        }
+        let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));
+        let s = &mut streams[i];
+        let chunk_before = s.next_chunk;
+        loop {
+            let Some(ticks) = s.peek(trace, progress) else {
+                heads[i] = None;
+                break;
+            };
+            if ticks > bound {
+                heads[i] = Some(ticks);
+                break;
+            }
+            let e = &s.events[s.at];
+            s.at += 1;
+            tl.mem(ticks, e, &units, track);
+            if stop == Some(tl.ordinal - 1) {
+                break 'outer;
+            }
+        }
+        if s.next_chunk != chunk_before {
+            let low = streams.iter().map(|s| s.position).min().unwrap_or(u64::MAX);
+            if low != u64::MAX && low > released && low - released >= WINDOW {
+                trace.release_span(released, low);
+                released = low;
+            }
+        }
+    }
+    if stop.is_none() {
+        for m in &marks[next_mark..] {
+            tl.mark(m);
+        }
+    } else {
+        for (size, stack) in tl.blocks.values() {
+            let live = tl.live.entry(*stack).or_default();
+            *live = live.saturating_add(*size);
+        }
+    }
+    let end = trace.bytes().len() as u64;
+    if released < end {
+        trace.release_span(released, end);
+    }
+    tl
+}

@@ -1,0 +1,356 @@
+//! The profile model: what a replay produces and every report reads. A calling-context tree
+//! of counters ([`CallTree`] of [`Agg`]) and each trace's own figures ([`Source`]: the pool,
+//! epochs, the used-bytes series).
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::names::{FrameKind, Phase};
+use crate::reader::Trace;
+
+/// When something was first seen: (index of the trace among those merged, ns since its start).
+/// Comparing these orders rows by trace first, then by time, deterministically.
+pub type Seen = (u32, u64);
+pub const NEVER: Seen = (u32::MAX, u64::MAX);
+
+/// One frame of a calling context: `file:line:name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    pub kind: FrameKind,
+    pub phase: Phase,
+    pub file: Arc<str>,
+    pub line: u32,
+    pub name: Arc<str>,
+}
+
+impl Frame {
+    fn root() -> Frame {
+        Frame {
+            kind: FrameKind::Unknown,
+            phase: Phase::None,
+            file: "".into(),
+            line: 0,
+            name: "_root".into(),
+        }
+    }
+
+    /// `file:line:name`, the stable key of a frame across traces.
+    pub fn key(&self) -> String {
+        format!("{}:{}:{}", self.file, self.line, self.name)
+    }
+}
+
+/// Counters of one calling context (its own events, not its callees').
+///
+/// The per-stack pass of a replay counts in the trace's own clock: there `time_ns` and the
+/// times of `first_mem` and `first_exit` are ticks (trace index 0), until [`Agg::in_ns`]
+/// converts them for the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agg {
+    /// Successful pool mallocs whose stack is exactly this context.
+    pub mallocs: u64,
+    /// Their `mem_size` sum.
+    pub used_bytes: u64,
+    /// Device allocations (pool misses) attributed to this context.
+    pub allocs: u64,
+    pub acquired_bytes: u64,
+    /// Closed scopes whose innermost frame is this node.
+    pub calls: u64,
+    pub time_ns: u64,
+    /// First malloc or alloc here.
+    pub first_mem: Seen,
+    /// First scope exit here (Chainer appends a call to its history when the call ends).
+    pub first_exit: Seen,
+    /// Bytes allocated here still live at the pool's peak (with `ReplayOptions::live_at_peak`).
+    pub live_at_peak_bytes: u64,
+}
+
+impl Default for Agg {
+    fn default() -> Self {
+        Agg {
+            mallocs: 0,
+            used_bytes: 0,
+            allocs: 0,
+            acquired_bytes: 0,
+            calls: 0,
+            time_ns: 0,
+            first_mem: NEVER,
+            first_exit: NEVER,
+            live_at_peak_bytes: 0,
+        }
+    }
+}
+
+impl Agg {
+    /// Times counted in `trace`'s ticks converted to ns since its start, first-seen times
+    /// tagged with the trace's `index` among those merged.
+    pub(super) fn in_ns(self, trace: &Trace, index: u32) -> Agg {
+        let seen = |(_, ticks): Seen| {
+            if ticks == u64::MAX {
+                NEVER
+            } else {
+                (index, trace.ns_since_start(ticks))
+            }
+        };
+        Agg {
+            time_ns: trace.ticks_to_ns(self.time_ns),
+            first_mem: seen(self.first_mem),
+            first_exit: seen(self.first_exit),
+            ..self
+        }
+    }
+
+    pub(super) fn add(&mut self, o: &Agg) {
+        self.mallocs += o.mallocs;
+        self.used_bytes = self.used_bytes.saturating_add(o.used_bytes);
+        self.allocs += o.allocs;
+        self.acquired_bytes = self.acquired_bytes.saturating_add(o.acquired_bytes);
+        self.calls += o.calls;
+        self.time_ns = self.time_ns.saturating_add(o.time_ns);
+        self.first_mem = self.first_mem.min(o.first_mem);
+        self.first_exit = self.first_exit.min(o.first_exit);
+        self.live_at_peak_bytes = self.live_at_peak_bytes.saturating_add(o.live_at_peak_bytes);
+    }
+}
+
+/// A node of the calling-context tree.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub frame: Frame,
+    /// Index of the parent (the root is its own parent).
+    pub parent: usize,
+    /// In first-seen order: by first malloc in the subtree, then first scope exit, then frame.
+    pub children: Vec<usize>,
+    pub agg: Agg,
+    /// `agg` summed over the subtree (first-seen: minimum over it).
+    pub total: Agg,
+}
+
+/// The calling-context tree: node 0 is `_root`, every recorded stack a path from it.
+#[derive(Debug, Clone)]
+pub struct CallTree {
+    pub nodes: Vec<Node>,
+}
+
+impl Default for CallTree {
+    fn default() -> Self {
+        CallTree {
+            nodes: vec![Node {
+                frame: Frame::root(),
+                parent: 0,
+                children: Vec::new(),
+                agg: Agg::default(),
+                total: Agg::default(),
+            }],
+        }
+    }
+}
+
+impl CallTree {
+    pub fn root(&self) -> &Node {
+        &self.nodes[0]
+    }
+
+    pub(super) fn child(&mut self, parent: usize, frame: &Frame) -> usize {
+        if let Some(&c) = self.nodes[parent]
+            .children
+            .iter()
+            .find(|&&c| self.nodes[c].frame == *frame)
+        {
+            return c;
+        }
+        let id = self.nodes.len();
+        self.nodes.push(Node {
+            frame: frame.clone(),
+            parent,
+            children: Vec::new(),
+            agg: Agg::default(),
+            total: Agg::default(),
+        });
+        self.nodes[parent].children.push(id);
+        id
+    }
+
+    /// Adds every node of `other` (a tree of another trace) into this one, matching by frame.
+    pub fn merge(&mut self, other: &CallTree) {
+        let mut map = vec![0usize; other.nodes.len()];
+        // Parents come before children in `nodes` of a finished tree (DFS order).
+        for (i, n) in other.nodes.iter().enumerate() {
+            let at = if i == 0 {
+                0
+            } else {
+                self.child(map[n.parent], &n.frame)
+            };
+            map[i] = at;
+            let agg = n.agg;
+            self.nodes[at].agg.add(&agg);
+        }
+        self.finish();
+    }
+
+    /// Computes subtree totals, orders children, and renumbers nodes in DFS order.
+    pub(super) fn finish(&mut self) {
+        for i in (0..self.nodes.len()).rev() {
+            let mut total = self.nodes[i].agg;
+            for &c in &self.nodes[i].children {
+                total.add(&self.nodes[c].total);
+            }
+            self.nodes[i].total = total;
+        }
+        let nodes = &self.nodes;
+        let mut order: Vec<Vec<usize>> = nodes.iter().map(|n| n.children.clone()).collect();
+        for ch in order.iter_mut() {
+            ch.sort_by(|&a, &b| {
+                let (a, b) = (&nodes[a], &nodes[b]);
+                (a.total.first_mem, a.total.first_exit, &a.frame).cmp(&(
+                    b.total.first_mem,
+                    b.total.first_exit,
+                    &b.frame,
+                ))
+            });
+        }
+        // Renumber in DFS preorder so that parents precede children and a walk is a scan.
+        let mut new_id = vec![usize::MAX; nodes.len()];
+        let mut dfs = Vec::with_capacity(nodes.len());
+        let mut stack = vec![0usize];
+        while let Some(i) = stack.pop() {
+            new_id[i] = dfs.len();
+            dfs.push(i);
+            stack.extend(order[i].iter().rev());
+        }
+        let mut out = Vec::with_capacity(dfs.len());
+        for &old in &dfs {
+            let n = &nodes[old];
+            out.push(Node {
+                frame: n.frame.clone(),
+                parent: new_id[n.parent],
+                children: order[old].iter().map(|&c| new_id[c]).collect(),
+                agg: n.agg,
+                total: n.total,
+            });
+        }
+        self.nodes = out;
+    }
+
+    /// Depth-first preorder walk: (node index, depth), the root at depth 0.
+    pub fn walk(&self) -> Vec<(usize, usize)> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        let mut stack = vec![(0usize, 0usize)];
+        while let Some((i, d)) = stack.pop() {
+            out.push((i, d));
+            for &c in self.nodes[i].children.iter().rev() {
+                stack.push((c, d + 1));
+            }
+        }
+        out
+    }
+
+    /// Frames from the root's child down to `i`.
+    pub fn path(&self, mut i: usize) -> Vec<&Frame> {
+        let mut out = Vec::new();
+        while i != 0 {
+            out.push(&self.nodes[i].frame);
+            i = self.nodes[i].parent;
+        }
+        out.reverse();
+        out
+    }
+}
+
+/// The pool's figures over the whole trace, exact from its events.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PoolFigures {
+    pub peak_used_bytes: u64,
+    pub peak_used_ns: u64,
+    pub peak_acquired_bytes: u64,
+    pub peak_acquired_ns: u64,
+    pub used_at_end_bytes: i64,
+    pub acquired_at_end_bytes: i64,
+    pub mallocs: u64,
+    pub frees: u64,
+    pub device_allocs: u64,
+    pub releases: u64,
+    pub out_of_memory: u64,
+}
+
+/// One epoch as recorded: absolute figures at its boundaries, fastai's deltas are computed by
+/// the `epochs` report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EpochFigures {
+    pub epoch: u32,
+    pub begin_ns: u64,
+    pub end_ns: u64,
+    /// False when the trace ended before the epoch did (then `end` is the trace's end).
+    pub complete: bool,
+    pub gpu_begin_bytes: i64,
+    pub gpu_end_bytes: i64,
+    pub gpu_max_bytes: i64,
+    pub cpu_begin_bytes: u64,
+    pub cpu_end_bytes: u64,
+    pub cpu_peak_bytes: u64,
+}
+
+/// Used and acquired bytes over time, at most `series_points` buckets of equal width, each
+/// holding the maximum reached in it (so no peak falls between two points).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Series {
+    pub bucket_ns: f64,
+    /// (ns at bucket start, max used bytes, max acquired bytes)
+    pub points: Vec<(u64, i64, i64)>,
+}
+
+/// One replayed trace's own figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Source {
+    pub path: String,
+    pub rank: Option<u32>,
+    pub events: u64,
+    pub duration_ns: u64,
+    pub warnings: Vec<String>,
+    pub pool: PoolFigures,
+    pub epochs: Vec<EpochFigures>,
+    pub series: Series,
+}
+
+/// Everything the reports need, from one trace or merged from several (ranks of one job).
+#[derive(Debug, Clone)]
+pub struct Profile {
+    pub sources: Vec<Source>,
+    pub tree: CallTree,
+}
+
+impl Profile {
+    /// Merges profiles of several traces (in the given order) into one.
+    pub fn merge(parts: Vec<Profile>) -> Profile {
+        let mut it = parts.into_iter();
+        let Some(mut first) = it.next() else {
+            return Profile {
+                sources: Vec::new(),
+                tree: CallTree::default(),
+            };
+        };
+        for p in it {
+            first.tree.merge(&p.tree);
+            first.sources.extend(p.sources);
+        }
+        first
+    }
+
+    /// Wall time of the longest of the merged traces.
+    pub fn duration_ns(&self) -> u64 {
+        self.sources
+            .iter()
+            .map(|s| s.duration_ns)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A byte count or other figure from the file as a signed figure (running totals, deltas):
+/// values past `i64::MAX` (8 EiB), which only a damaged trace holds, saturate instead of
+/// wrapping.
+#[inline]
+pub fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,245 @@
+//! The per-stack pass: parallel over chunks, each chunk folds its events into counters per
+//! interned stack id; the counters merge by addition and minimum, so the result does not
+//! depend on how rayon splits the work. The calling-context tree is then built from the
+//! stacks that saw anything.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use poolsight_schema::fb;
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use super::profile::{Agg, CallTree, Frame};
+use super::Units;
+use crate::names::{FrameKind, Phase};
+use crate::reader::{ChunkInfo, ChunkKind, Trace};
+
+/// Per-stack counters of part of a trace. Stack ids are dense (interned from 1), so the
+/// first ones index a vector; ids past its end (a trace with very many stacks, or a damaged
+/// one) go to a map, which keeps memory bounded by the stacks actually seen.
+pub(super) struct PerStack {
+    dense: Vec<Agg>,
+    sparse: FxHashMap<u32, Agg>,
+    pub(super) events: u64,
+    pub(super) last_ticks: u64,
+}
+
+/// Most stacks held in a [`PerStack`]'s vector (each accumulator of the parallel fold has one).
+const DENSE_STACKS: usize = 1 << 16;
+
+impl PerStack {
+    fn new(stacks: usize) -> PerStack {
+        PerStack {
+            dense: vec![Agg::default(); (stacks + 1).min(DENSE_STACKS)],
+            sparse: FxHashMap::default(),
+            events: 0,
+            last_ticks: 0,
+        }
+    }
+
+    #[inline]
+    fn slot(&mut self, stack: u32) -> &mut Agg {
+        match self.dense.get_mut(stack as usize) {
+            Some(a) => a,
+            None => self.sparse.entry(stack).or_default(),
+        }
+    }
+
+    fn merge(mut self, other: PerStack) -> PerStack {
+        for (a, b) in self.dense.iter_mut().zip(&other.dense) {
+            a.add(b);
+        }
+        for (k, v) in other.sparse {
+            self.sparse.entry(k).or_default().add(&v);
+        }
+        self.events += other.events;
+        self.last_ticks = self.last_ticks.max(other.last_ticks);
+        self
+    }
+
+    /// The stacks that saw anything.
+    pub(super) fn into_map(self) -> FxHashMap<u32, Agg> {
+        let mut map = self.sparse;
+        for (id, a) in self.dense.into_iter().enumerate() {
+            if a.mallocs + a.allocs + a.calls > 0 {
+                map.insert(id as u32, a);
+            }
+        }
+        map
+    }
+}
+
+pub(super) fn per_stack(trace: &Trace, progress: Option<&AtomicU64>) -> PerStack {
+    let units = Units::of(trace);
+    let stacks = trace.defs.stacks.len();
+    trace
+        .windows(trace.chunks.iter())
+        .par_iter()
+        .fold(
+            || PerStack::new(stacks),
+            |mut acc, window| {
+                for c in window {
+                    match c.kind {
+                        ChunkKind::Mem => fold_mem(trace, c, &units, &mut acc),
+                        ChunkKind::Scope => fold_scopes(trace, c, &mut acc),
+                        ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
+                        ChunkKind::Defs | ChunkKind::Footer => {}
+                    }
+                    if let Some(p) = progress {
+                        p.fetch_add(c.len as u64, Ordering::Relaxed);
+                    }
+                }
+                trace.release_window(window);
+                acc
+            },
+        )
+        .reduce(|| PerStack::new(stacks), PerStack::merge)
+}
+
+fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
+    let mut base = c.base_ticks;
+    let mut events = 0u64;
+    let mut last_ticks = 0;
+    for e in trace.mem_events(c) {
+        let kind = e.kind();
+        if kind == fb::MemKind::Rebase {
+            base = e.ptr();
+            continue;
+        }
+        events += 1;
+        let ticks = base.wrapping_add(e.ts() as u64);
+        last_ticks = ticks;
+        match kind {
+            fb::MemKind::MallocPost if e.ptr() != 0 => {
+                let a = acc.slot(e.stack());
+                a.mallocs += 1;
+                a.used_bytes = a
+                    .used_bytes
+                    .saturating_add(units.mem_size(e.device(), e.bytes()));
+                a.first_mem = a.first_mem.min((0, ticks));
+            }
+            fb::MemKind::AllocPost if e.ptr() != 0 => {
+                let a = acc.slot(e.stack());
+                a.allocs += 1;
+                a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
+                a.first_mem = a.first_mem.min((0, ticks));
+            }
+            _ => {}
+        }
+    }
+    acc.events += events;
+    acc.last_ticks = acc.last_ticks.max(last_ticks);
+}
+
+fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
+    let mut last_ticks = 0;
+    for (ticks, e) in trace.scope_timeline(c) {
+        acc.events += 1;
+        last_ticks = ticks;
+        let a = acc.slot(e.stack());
+        a.calls += 1;
+        a.time_ns = a.time_ns.saturating_add(e.duration());
+        a.first_exit = a.first_exit.min((0, ticks));
+    }
+    acc.last_ticks = acc.last_ticks.max(last_ticks);
+}
+
+fn frame_of(trace: &Trace, frame_id: u32) -> Frame {
+    let defs = &trace.defs;
+    match defs.frames.get(&frame_id) {
+        Some(f) => Frame {
+            kind: f.kind.into(),
+            phase: f.phase.into(),
+            file: defs.string(f.file).into(),
+            line: f.line,
+            name: defs.string(f.name).into(),
+        },
+        None => Frame {
+            kind: FrameKind::Unknown,
+            phase: Phase::None,
+            file: "?".into(),
+            line: 0,
+            name: format!("<undefined frame {frame_id}>").into(),
+        },
+    }
+}
+
+/// A damaged trace could hold a stack that names itself as an ancestor; real stacks are
+/// interned parent first, so a parent id is always smaller, and deeper chains than this are
+/// cut.
+const MAX_STACK_DEPTH: usize = 4096;
+
+pub(super) fn build_tree(
+    trace: &Trace,
+    index: u32,
+    aggs: &FxHashMap<u32, Agg>,
+    live: &HashMap<u32, u64>,
+) -> CallTree {
+    let mut tree = CallTree::default();
+    let mut node_of: HashMap<u32, usize> = HashMap::new();
+    node_of.insert(0, 0);
+    // Sorted ids make the tree's construction order, hence its output, deterministic.
+    let mut ids: Vec<u32> = aggs.keys().chain(live.keys()).copied().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    for id in ids {
+        let node = node_for(trace, &mut tree, &mut node_of, id);
+        let a = aggs.get(&id).copied().unwrap_or_default();
+        tree.nodes[node].agg.add(&Agg {
+            live_at_peak_bytes: live.get(&id).copied().unwrap_or(0),
+            ..a.in_ns(trace, index)
+        });
+    }
+    tree.finish();
+    tree
+}
+
+fn node_for(
+    trace: &Trace,
+    tree: &mut CallTree,
+    node_of: &mut HashMap<u32, usize>,
+    id: u32,
+) -> usize {
+    if let Some(&n) = node_of.get(&id) {
+        return n;
+    }
+    // Collect the chain up to a known node, then create downwards.
+    let mut chain = Vec::new();
+    let mut cur = id;
+    let mut top = 0;
+    while chain.len() < MAX_STACK_DEPTH {
+        if let Some(&n) = node_of.get(&cur) {
+            top = n;
+            break;
+        }
+        match trace.defs.stacks.get(&cur) {
+            Some(&(parent, frame)) => {
+                chain.push((cur, frame_of(trace, frame)));
+                if parent >= cur {
+                    break;
+                }
+                cur = parent;
+            }
+            None => {
+                chain.push((
+                    cur,
+                    Frame {
+                        kind: FrameKind::Unknown,
+                        phase: Phase::None,
+                        file: "?".into(),
+                        line: 0,
+                        name: format!("<undefined stack {cur}>").into(),
+                    },
+                ));
+                break;
+            }
+        }
+    }
+    let mut at = top;
+    for (sid, frame) in chain.into_iter().rev() {
+        at = tree.child(at, &frame);
+        node_of.insert(sid, at);
+    }
+    at
+}
