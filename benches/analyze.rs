@@ -1,4 +1,4 @@
-//! SPEC 6's analyzer figures on a multi-GB trace: `report` throughput (>= 50 M events/s, and
+//! The analyzer's target figures on a multi-GB trace: `report` throughput (>= 50 M events/s, and
 //! <= 3x the time to merely read the file) and peak memory (<= 0.25x the trace size).
 //!
 //! ```text
@@ -811,7 +811,7 @@ fn print_figures(file_bytes: u64, read_s: f64, a: &Analysis, max_rss_kib: u64) {
     let rss_ratio = rss as f64 / file_bytes.max(1) as f64;
     let bpe = file_bytes as f64 / a.events.max(1) as f64;
     println!();
-    println!("SPEC 6 analyzer figures (fastest analyze run; peak RSS of the analyze child):");
+    println!("analyzer figures against their targets (fastest analyze run; peak RSS of the analyze child):");
     row("events (analyzer's count)", a.events, "", None);
     row(
         "chunks / warnings",

@@ -1,0 +1,254 @@
+//! The comparison of two sides: each key's median per side, its delta, the display order, and
+//! the rules checked against every row.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+use serde::{Serialize, Serializer};
+
+use super::figures::{Figure, Figures, Quantity, Section, HEADLINE};
+use super::rules::Rule;
+
+/// One key compared: `None` on a side that has no such key (added or removed).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    pub section: Section,
+    pub key: String,
+    #[serde(skip)]
+    pub quantity: Quantity,
+    pub base: Option<i64>,
+    pub new: Option<i64>,
+    /// `new - base`, a missing side counting as 0.
+    pub delta: i64,
+    /// The delta in percent of the base; `None` when the base is missing or 0 and the new
+    /// value is not (an infinite change).
+    pub delta_pct: Option<f64>,
+}
+
+impl Row {
+    pub fn changed(&self) -> bool {
+        self.base != self.new
+    }
+
+    pub(super) fn base_or_zero(&self) -> i64 {
+        self.base.unwrap_or(0)
+    }
+}
+
+/// How much a rule saw a row grow, in the rule's own terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Change {
+    /// Percent of the base.
+    Percent(f64),
+    /// Growth from a base of 0 (or no base): infinitely many percent.
+    FromZero,
+    /// Growth in the metric's unit (bytes, ns, count).
+    Amount(i64),
+}
+
+/// JSON: a number, or `null` for growth from zero (JSON has no infinity).
+impl Serialize for Change {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match *self {
+            Change::Percent(p) => s.serialize_f64(p),
+            Change::FromZero => s.serialize_none(),
+            Change::Amount(a) => s.serialize_i64(a),
+        }
+    }
+}
+
+/// A rule crossed by one row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Violation {
+    /// The rule as the user wrote it.
+    pub rule: String,
+    pub key: String,
+    pub value: Change,
+}
+
+/// The comparison of two sides, every key of either side, rows ordered for display.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diff {
+    pub base_runs: usize,
+    pub new_runs: usize,
+    /// Headline rows first in a fixed order, then each section's rows, largest change first.
+    pub rows: Vec<Row>,
+    pub violations: Vec<Violation>,
+    pub rules_checked: usize,
+    /// Rules whose metric matched no key of either side: most likely a typo, which would
+    /// otherwise pass silently forever.
+    pub unmatched_rules: Vec<String>,
+}
+
+/// The median of a side's runs; a run without the key counts as 0. An even count takes the
+/// mean of the middle two.
+pub(super) fn median(values: &mut [i64]) -> i64 {
+    values.sort_unstable();
+    let n = values.len();
+    if n == 0 {
+        return 0;
+    }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        let sum = i128::from(values[n / 2 - 1]) + i128::from(values[n / 2]);
+        i64::try_from(sum.div_euclid(2)).unwrap_or(i64::MAX)
+    }
+}
+
+fn side(runs: &[Figures], key: &str) -> Option<i64> {
+    if !runs.iter().any(|r| r.by_key.contains_key(key)) {
+        return None;
+    }
+    let mut v: Vec<i64> = runs
+        .iter()
+        .map(|r| r.by_key.get(key).map_or(0, |f| f.value))
+        .collect();
+    Some(median(&mut v))
+}
+
+pub(super) fn percent(base: i64, new: i64) -> Option<f64> {
+    let delta = new as f64 - base as f64;
+    if base == 0 {
+        return (new == 0).then_some(0.0);
+    }
+    Some(delta / (base as f64).abs() * 100.0)
+}
+
+fn headline_rank(key: &str) -> usize {
+    HEADLINE
+        .iter()
+        .position(|(k, _, _)| *k == key)
+        .unwrap_or(HEADLINE.len())
+}
+
+/// Display order: sections in order; the headline as listed; elsewhere bytes, then time, then
+/// counts, each by the size of the change, largest first, then by key so that equal traces
+/// print identically.
+fn display_order(a: &Row, b: &Row) -> Ordering {
+    a.section.cmp(&b.section).then_with(|| {
+        if a.section == Section::Headline {
+            return headline_rank(&a.key).cmp(&headline_rank(&b.key));
+        }
+        a.quantity
+            .cmp(&b.quantity)
+            .then_with(|| b.delta.unsigned_abs().cmp(&a.delta.unsigned_abs()))
+            .then_with(|| a.key.cmp(&b.key))
+    })
+}
+
+/// Compares the runs of two sides and checks the rules against every row, shown or not.
+pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
+    let mut kinds: HashMap<&str, Figure> = HashMap::new();
+    for run in base.iter().chain(new) {
+        for (k, f) in &run.by_key {
+            kinds.entry(k.as_str()).or_insert(*f);
+        }
+    }
+    let mut rows: Vec<Row> = kinds
+        .into_iter()
+        .map(|(key, f)| {
+            let (b, n) = (side(base, key), side(new, key));
+            let (b0, n0) = (b.unwrap_or(0), n.unwrap_or(0));
+            Row {
+                section: f.section,
+                key: key.to_string(),
+                quantity: f.quantity,
+                base: b,
+                new: n,
+                delta: n0.saturating_sub(b0),
+                delta_pct: b.and_then(|_| percent(b0, n0)),
+            }
+        })
+        .collect();
+    rows.sort_by(display_order);
+
+    let mut violations = Vec::new();
+    let mut unmatched_rules = Vec::new();
+    for rule in rules {
+        let mut matched = false;
+        for row in rows.iter().filter(|r| rule.matches(&r.key)) {
+            matched = true;
+            if let Some(value) = rule.crossed_by(row) {
+                violations.push(Violation {
+                    rule: rule.text.clone(),
+                    key: row.key.clone(),
+                    value,
+                });
+            }
+        }
+        if !matched {
+            unmatched_rules.push(rule.text.clone());
+        }
+    }
+    Diff {
+        base_runs: base.len(),
+        new_runs: new.len(),
+        rows,
+        violations,
+        rules_checked: rules.len(),
+        unmatched_rules,
+    }
+}
+
+/// What to show of a diff: unchanged rows are hidden unless `all`; `top` caps each section
+/// (the headline excepted). Rules are checked against every row whatever is shown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ShowOptions {
+    pub all: bool,
+    pub top: Option<usize>,
+}
+
+/// One section's shown rows and how many more it had.
+pub struct Shown<'a> {
+    pub section: Section,
+    pub rows: Vec<&'a Row>,
+    pub more: usize,
+}
+
+impl Diff {
+    /// The rows to show, by section, in display order. The headline is always shown whole:
+    /// "peak used did not move" is an answer a reader looks for.
+    pub fn shown(&self, opts: &ShowOptions) -> Vec<Shown<'_>> {
+        Section::ALL
+            .iter()
+            .map(|&section| {
+                let rows: Vec<&Row> = self
+                    .rows
+                    .iter()
+                    .filter(|r| r.section == section)
+                    .filter(|r| section == Section::Headline || opts.all || r.changed())
+                    .collect();
+                let cap = match (section, opts.top) {
+                    (Section::Headline, _) | (_, None) => rows.len(),
+                    (_, Some(n)) => n.min(rows.len()),
+                };
+                let more = rows.len() - cap;
+                Shown {
+                    section,
+                    rows: rows.into_iter().take(cap).collect(),
+                    more,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether any rule was crossed: the command's exit status 1.
+    pub fn failed(&self) -> bool {
+        !self.violations.is_empty()
+    }
+
+    /// The stable JSON document: `{"rows":[...],"violations":[...]}`, rows as shown.
+    pub fn json(&self, opts: &ShowOptions) -> DiffJson<'_> {
+        DiffJson {
+            rows: self.shown(opts).into_iter().flat_map(|s| s.rows).collect(),
+            violations: &self.violations,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct DiffJson<'a> {
+    pub rows: Vec<&'a Row>,
+    pub violations: &'a [Violation],
+}

@@ -1,0 +1,230 @@
+//! A diff as plain text (terminal, CI log) and as markdown (a pull-request comment).
+
+use std::cmp::Ordering;
+use std::fmt::Write as _;
+
+use super::compare::{Change, Diff, Row, ShowOptions, Violation};
+use super::figures::{Quantity, Section};
+use crate::render::{humanized, time_auto};
+
+fn signed_text(v: i64, abs: impl Fn(u64) -> String) -> String {
+    match v.cmp(&0) {
+        Ordering::Less => format!("-{}", abs(v.unsigned_abs())),
+        Ordering::Equal => abs(0),
+        Ordering::Greater => format!("+{}", abs(v.unsigned_abs())),
+    }
+}
+
+fn amount(q: Quantity, v: u64) -> String {
+    match q {
+        Quantity::Bytes => humanized(v),
+        Quantity::Nanoseconds => time_auto(v),
+        Quantity::Count => v.to_string(),
+    }
+}
+
+pub(super) fn value_text(q: Quantity, v: Option<i64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if v < 0 => format!("-{}", amount(q, v.unsigned_abs())),
+        Some(v) => amount(q, v.unsigned_abs()),
+    }
+}
+
+fn delta_text(r: &Row) -> String {
+    signed_text(r.delta, |v| amount(r.quantity, v))
+}
+
+pub(super) fn change_text(r: &Row) -> String {
+    match (r.base, r.new, r.delta_pct) {
+        (None, _, _) => "added".into(),
+        (_, None, _) => "removed".into(),
+        (_, _, Some(p)) => format!("{p:+.2}%"),
+        (_, _, None) => "from 0".into(),
+    }
+}
+
+fn violation_text(d: &Diff, v: &Violation) -> String {
+    let quantity = d
+        .rows
+        .iter()
+        .find(|r| r.key == v.key)
+        .map_or(Quantity::Count, |r| r.quantity);
+    match v.value {
+        Change::Percent(p) => format!("{p:+.2}%"),
+        Change::FromZero => "grew from 0".into(),
+        Change::Amount(a) => signed_text(a, |x| amount(quantity, x)),
+    }
+}
+
+fn runs(n: usize) -> String {
+    if n == 1 {
+        "1 run".into()
+    } else {
+        format!("{n} runs (medians)")
+    }
+}
+
+/// Left-aligned first column (keys), right-aligned numbers, two spaces apart.
+fn columns(rows: &[[String; 5]]) -> String {
+    let mut widths = [0usize; 5];
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in rows {
+        let mut line = format!("{:<w$}", r[0], w = widths[0]);
+        for (c, w) in r.iter().zip(widths).skip(1) {
+            let _ = write!(line, "  {c:>w$}");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn cells(r: &Row) -> [String; 5] {
+    [
+        r.key.clone(),
+        value_text(r.quantity, r.base),
+        value_text(r.quantity, r.new),
+        delta_text(r),
+        change_text(r),
+    ]
+}
+
+/// Plain text for a terminal or a CI log: sections, then the verdict last, where a log
+/// reader's eye lands.
+pub fn render_table(d: &Diff, opts: &ShowOptions) -> String {
+    let mut out = format!(
+        "poolsight diff: base {}, new {}\n",
+        runs(d.base_runs),
+        runs(d.new_runs)
+    );
+    for s in d.shown(opts) {
+        out.push('\n');
+        if s.rows.is_empty() {
+            let _ = writeln!(out, "{}: no change", s.section);
+            continue;
+        }
+        let mut rows = vec![[
+            s.section.to_string(),
+            "base".into(),
+            "new".into(),
+            "delta".into(),
+            "change".into(),
+        ]];
+        rows.extend(s.rows.iter().map(|r| cells(r)));
+        out.push_str(&columns(&rows));
+        if s.more > 0 {
+            let _ = writeln!(out, "... {} more changed rows (--top)", s.more);
+        }
+    }
+    out.push('\n');
+    for r in &d.unmatched_rules {
+        let _ = writeln!(out, "warning: rule `{r}` matched no figure of either run");
+    }
+    if d.failed() {
+        let _ = writeln!(
+            out,
+            "FAIL: {} violation(s) of {} rule(s):",
+            d.violations.len(),
+            d.rules_checked
+        );
+        for v in &d.violations {
+            let _ = writeln!(out, "  {}  {}  {}", v.rule, v.key, violation_text(d, v));
+        }
+    } else {
+        let _ = writeln!(out, "OK: no rule crossed ({} checked)", d.rules_checked);
+    }
+    out
+}
+
+/// Inline code for a markdown table cell: `|` would end the cell and a backtick the span.
+pub(super) fn code(s: &str) -> String {
+    let s = s.replace('|', "\\|").replace(['\n', '\r'], " ");
+    if s.contains('`') {
+        format!("`` {s} ``")
+    } else {
+        format!("`{s}`")
+    }
+}
+
+fn md_table(out: &mut String, head: &str, rows: &[&Row]) {
+    let _ = writeln!(out, "| {head} | base | new | delta | change |");
+    out.push_str("|:--|--:|--:|--:|--:|\n");
+    for r in rows {
+        let c = cells(r);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            code(&c[0]),
+            c[1],
+            c[2],
+            c[3],
+            c[4]
+        );
+    }
+}
+
+/// Markdown to post as a pull-request comment: the verdict and violations first, the
+/// headline table, then each changed section folded in a `<details>` block.
+pub fn render_markdown(d: &Diff, opts: &ShowOptions) -> String {
+    let mut out = String::from("### poolsight diff\n\n");
+    if d.failed() {
+        let _ = writeln!(
+            out,
+            "❌ **{} violation(s)** of {} rule(s) (base: {}, new: {})\n",
+            d.violations.len(),
+            d.rules_checked,
+            runs(d.base_runs),
+            runs(d.new_runs)
+        );
+        out.push_str("| rule | key | change |\n|:--|:--|--:|\n");
+        for v in &d.violations {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                code(&v.rule),
+                code(&v.key),
+                violation_text(d, v)
+            );
+        }
+        out.push('\n');
+    } else {
+        let _ = writeln!(
+            out,
+            "✅ **No rule crossed** ({} checked; base: {}, new: {})\n",
+            d.rules_checked,
+            runs(d.base_runs),
+            runs(d.new_runs)
+        );
+    }
+    for r in &d.unmatched_rules {
+        let _ = writeln!(out, "⚠️ rule {} matched no figure of either run\n", code(r));
+    }
+    for s in d.shown(opts) {
+        if s.section == Section::Headline {
+            md_table(&mut out, "headline", &s.rows);
+            out.push('\n');
+            continue;
+        }
+        if s.rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "<details><summary>{}: {} row(s)</summary>\n",
+            s.section,
+            s.rows.len() + s.more
+        );
+        md_table(&mut out, s.section.as_str(), &s.rows);
+        if s.more > 0 {
+            let _ = writeln!(out, "\n… and {} more", s.more);
+        }
+        out.push_str("\n</details>\n\n");
+    }
+    out
+}
