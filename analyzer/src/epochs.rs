@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::render::csv;
+use crate::csv::to_csv;
 use crate::replay::{signed, EpochFigures, Profile};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct EpochRow {
     pub epoch: u32,
     pub cpu_used_mb: i64,
@@ -127,36 +127,7 @@ pub fn render_table(e: &Epochs) -> String {
 }
 
 pub fn render_csv(e: &Epochs) -> String {
-    let mut rows = vec![[
-        "epoch",
-        "cpu_used_mb",
-        "cpu_peak_mb",
-        "gpu_used_mb",
-        "gpu_peak_mb",
-        "gpu_used_bytes",
-        "gpu_peak_bytes",
-        "cpu_used_bytes",
-        "cpu_peak_bytes",
-        "complete",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect::<Vec<_>>()];
-    for r in &e.epochs {
-        rows.push(vec![
-            r.epoch.to_string(),
-            r.cpu_used_mb.to_string(),
-            r.cpu_peak_mb.to_string(),
-            r.gpu_used_mb.to_string(),
-            r.gpu_peak_mb.to_string(),
-            r.gpu_used_bytes.to_string(),
-            r.gpu_peak_bytes.to_string(),
-            r.cpu_used_bytes.to_string(),
-            r.cpu_peak_bytes.to_string(),
-            r.complete.to_string(),
-        ]);
-    }
-    csv(&rows)
+    to_csv(&e.epochs)
 }
 
 #[cfg(test)]

@@ -15,11 +15,12 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::csv::to_csv;
 use crate::names::FrameKind;
-use crate::render::{bytes_in, choose_byte_unit, csv, right_aligned, BYTE_UNITS};
+use crate::render::{bytes_in, choose_byte_unit, right_aligned, BYTE_UNITS};
 use crate::replay::{Profile, Seen, NEVER};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FunctionRow {
     pub name: String,
     pub used_bytes: u64,
@@ -158,28 +159,7 @@ pub fn render_table(f: &Functions, unit: Unit, with_self: bool) -> String {
 }
 
 pub fn render_csv(f: &Functions) -> String {
-    let mut rows = vec![[
-        "name",
-        "used_bytes",
-        "acquired_bytes",
-        "occurrence",
-        "self_used_bytes",
-        "self_acquired_bytes",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect::<Vec<_>>()];
-    for r in &f.functions {
-        rows.push(vec![
-            r.name.clone(),
-            r.used_bytes.to_string(),
-            r.acquired_bytes.to_string(),
-            r.occurrence.to_string(),
-            r.self_used_bytes.to_string(),
-            r.self_acquired_bytes.to_string(),
-        ]);
-    }
-    csv(&rows)
+    to_csv(&f.functions)
 }
 
 #[cfg(test)]

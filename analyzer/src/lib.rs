@@ -3,6 +3,7 @@
 //! pure function from a [`Profile`] to a result type; rendering (table, JSON, CSV) is kept
 //! apart from the computation.
 
+pub mod csv;
 pub mod diff;
 pub mod epochs;
 pub mod export;

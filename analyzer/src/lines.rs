@@ -8,7 +8,8 @@
 
 use serde::Serialize;
 
-use crate::render::{csv, humanized};
+use crate::csv::to_csv;
+use crate::render::humanized;
 use crate::replay::{CallTree, Profile};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -125,43 +126,47 @@ fn render_node(n: &LineNode, depth: usize, out: &mut String) {
     }
 }
 
-/// One row per node: depth, the `;`-joined path of frames, and the sums.
+/// A CSV row: one node, with its depth and the `;`-joined path of frames from `_root`.
+#[derive(Default, Serialize)]
+struct CsvRow<'a> {
+    depth: usize,
+    path: String,
+    file: &'a str,
+    /// Empty for `_root`.
+    line: Option<u32>,
+    function: &'a str,
+    used_bytes: u64,
+    acquired_bytes: u64,
+}
+
+/// One row per node, in the order the tree prints.
 pub fn render_csv(l: &Lines) -> String {
-    let mut rows = vec![vec![
-        "depth".to_string(),
-        "path".into(),
-        "file".into(),
-        "line".into(),
-        "function".into(),
-        "used_bytes".into(),
-        "acquired_bytes".into(),
-    ]];
-    rows.push(vec![
-        "0".into(),
-        "_root".into(),
-        String::new(),
-        String::new(),
-        "_root".into(),
-        l.root.used_bytes.to_string(),
-        l.root.acquired_bytes.to_string(),
-    ]);
-    fn walk(n: &LineNode, depth: usize, prefix: &str, rows: &mut Vec<Vec<String>>) {
+    fn walk<'a>(n: &'a LineNode, depth: usize, prefix: &str, rows: &mut Vec<CsvRow<'a>>) {
         let path = format!("{prefix};{}:{}:{}", n.file, n.line, n.function);
-        rows.push(vec![
-            depth.to_string(),
-            path.clone(),
-            n.file.clone(),
-            n.line.to_string(),
-            n.function.clone(),
-            n.used_bytes.to_string(),
-            n.acquired_bytes.to_string(),
-        ]);
+        rows.push(CsvRow {
+            depth,
+            path: path.clone(),
+            file: &n.file,
+            line: Some(n.line),
+            function: &n.function,
+            used_bytes: n.used_bytes,
+            acquired_bytes: n.acquired_bytes,
+        });
         for c in &n.children {
             walk(c, depth + 1, &path, rows);
         }
     }
+    let mut rows = vec![CsvRow {
+        depth: 0,
+        path: "_root".into(),
+        file: "",
+        line: None,
+        function: "_root",
+        used_bytes: l.root.used_bytes,
+        acquired_bytes: l.root.acquired_bytes,
+    }];
     for c in &l.root.children {
         walk(c, 1, "_root", &mut rows);
     }
-    csv(&rows)
+    to_csv(&rows)
 }

@@ -1,5 +1,5 @@
 //! Shared rendering rules of the seed tables: Python's `'%3.2f'`, the byte units of Chainer's
-//! and CuPy's reports, the time units of Chainer's TimerHook, right-aligned columns, and CSV.
+//! and CuPy's reports, the time units of Chainer's TimerHook, and right-aligned columns.
 
 use std::fmt::Write;
 
@@ -89,24 +89,6 @@ pub fn right_aligned(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// RFC 4180 CSV: a field is quoted when it holds a comma, quote or line break.
-pub fn csv(rows: &[Vec<String>]) -> String {
-    let mut out = String::new();
-    for r in rows {
-        let cells: Vec<String> = r.iter().map(|f| csv_field(f)).collect();
-        let _ = writeln!(out, "{}", cells.join(","));
-    }
-    out
-}
-
-fn csv_field(f: &str) -> String {
-    if f.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", f.replace('"', "\"\""))
-    } else {
-        f.to_owned()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,7 +129,7 @@ mod tests {
     }
 
     #[test]
-    fn table_and_csv() {
+    fn table() {
         let rows = vec![
             vec!["LinkName".into(), "ElapsedTime".into(), "Occurrence".into()],
             vec!["Linear".into(), "41.42sec".into(), "2100".into()],
@@ -156,10 +138,6 @@ mod tests {
         assert_eq!(
             right_aligned(&rows),
             "  LinkName  ElapsedTime  Occurrence\n    Linear     41.42sec        2100\nClassifier     42.39sec         700\n"
-        );
-        assert_eq!(
-            csv(&[vec!["a,b".into(), "say \"hi\"".into()]]),
-            "\"a,b\",\"say \"\"hi\"\"\"\n"
         );
     }
 }

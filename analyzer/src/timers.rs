@@ -10,8 +10,9 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::csv::to_csv;
 use crate::names::FrameKind;
-use crate::render::{csv, right_aligned, time_auto, time_in, TIME_UNITS};
+use crate::render::{right_aligned, time_auto, time_in, TIME_UNITS};
 use crate::replay::{Profile, Seen};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -136,24 +137,29 @@ fn one_table(title: &str, rows: &[TimerRow], unit: TimeUnit, what: &str) -> Stri
     right_aligned(&table)
 }
 
+/// A CSV row: both tables in one, told apart by `kind`.
+#[derive(Default, Serialize)]
+struct CsvRow<'a> {
+    kind: &'a str,
+    name: &'a str,
+    elapsed_ns: u64,
+    occurrence: u64,
+}
+
 pub fn render_csv(t: &Timers) -> String {
-    let mut rows = vec![vec![
-        "kind".to_string(),
-        "name".into(),
-        "elapsed_ns".into(),
-        "occurrence".into(),
-    ]];
-    for (kind, list) in [("link", &t.links), ("function", &t.functions)] {
-        for r in list {
-            rows.push(vec![
-                kind.into(),
-                r.name.clone(),
-                r.elapsed_ns.to_string(),
-                r.occurrence.to_string(),
-            ]);
-        }
-    }
-    csv(&rows)
+    let tables = [("link", &t.links), ("function", &t.functions)];
+    let rows: Vec<CsvRow> = tables
+        .iter()
+        .flat_map(|(kind, list)| {
+            list.iter().map(move |r| CsvRow {
+                kind,
+                name: &r.name,
+                elapsed_ns: r.elapsed_ns,
+                occurrence: r.occurrence,
+            })
+        })
+        .collect();
+    to_csv(&rows)
 }
 
 #[cfg(test)]
