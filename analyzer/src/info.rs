@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
 use crate::reader::{ChunkKind, Trace};
-use crate::render::humanized;
+use crate::render::{humanized, seconds_or_ms};
 use crate::replay::{PoolFigures, Profile};
 
 #[derive(Debug, Clone, Serialize)]
@@ -206,7 +206,7 @@ pub fn render_table(i: &Info) -> String {
         let _ = writeln!(o, "rank         {r} of {w}");
     }
     let _ = writeln!(o, "mode         {}, {} B chunks", i.mode, i.chunk_size);
-    let _ = writeln!(o, "duration     {}", human_ns(i.duration_ns));
+    let _ = writeln!(o, "duration     {}", seconds_or_ms(i.duration_ns));
     let _ = writeln!(
         o,
         "finished     {}",
@@ -245,9 +245,9 @@ pub fn render_table(i: &Info) -> String {
             o,
             "pool         peak used {} at {}, peak acquired {} at {}",
             humanized(p.peak_used_bytes),
-            human_ns(p.peak_used_ns),
+            seconds_or_ms(p.peak_used_ns),
             humanized(p.peak_acquired_bytes),
-            human_ns(p.peak_acquired_ns)
+            seconds_or_ms(p.peak_acquired_ns)
         );
         let _ = writeln!(
             o,
@@ -265,13 +265,4 @@ pub fn render_table(i: &Info) -> String {
         let _ = writeln!(o, "warning      {w}");
     }
     o
-}
-
-fn human_ns(ns: u64) -> String {
-    let s = ns as f64 / 1e9;
-    if s >= 1.0 {
-        format!("{s:.3} s")
-    } else {
-        format!("{:.3} ms", ns as f64 / 1e6)
-    }
 }

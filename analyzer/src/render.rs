@@ -52,17 +52,31 @@ pub const TIME_UNITS: [(&str, f64); 4] = [("sec", 1.0), ("ms", 1e3), ("us", 1e6)
 /// The first unit in which the value is >= 1, else ns (Chainer's for/else).
 pub fn time_auto(ns: u64) -> String {
     let secs = ns as f64 / 1e9;
-    let (name, mult) = TIME_UNITS
+    let unit = TIME_UNITS
         .iter()
-        .find(|(_, m)| secs * m >= 1.0)
-        .copied()
-        .unwrap_or(TIME_UNITS[3]);
-    format!("{}{name}", f2(secs * mult))
+        .position(|(_, m)| secs * m >= 1.0)
+        .unwrap_or(TIME_UNITS.len() - 1);
+    time_in(ns, unit)
 }
 
+/// `%3.2f` in one of [`TIME_UNITS`] (by index) + its name.
 pub fn time_in(ns: u64, unit: usize) -> String {
     let (name, mult) = TIME_UNITS[unit];
     format!("{}{name}", f2(ns as f64 / 1e9 * mult))
+}
+
+/// Wall time in seconds with three decimals: `1.234 s`.
+pub fn seconds(ns: u64) -> String {
+    format!("{:.3} s", ns as f64 / 1e9)
+}
+
+/// Wall time in seconds from one second up, in milliseconds below.
+pub fn seconds_or_ms(ns: u64) -> String {
+    if ns >= 1_000_000_000 {
+        seconds(ns)
+    } else {
+        format!("{:.3} ms", ns as f64 / 1e6)
+    }
 }
 
 /// Chainer's table layout: every column right-aligned to its widest entry, two spaces between.

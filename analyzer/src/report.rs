@@ -6,7 +6,7 @@ use serde::Serialize;
 use crate::epochs::{self, Epochs};
 use crate::functions::{self, Functions, Unit};
 use crate::lines::{self, Lines};
-use crate::render::humanized;
+use crate::render::{humanized, seconds};
 use crate::replay::Profile;
 use crate::timers::{self, TimeUnit, Timers, Which};
 
@@ -56,9 +56,9 @@ pub fn render_summary(s: &Summary) -> String {
         String::new()
     };
     format!(
-        "{} events over {:.3} s; pool peak used {}, peak acquired {}; {} allocations ({} from the device){ooms}\n",
+        "{} events over {}; pool peak used {}, peak acquired {}; {} allocations ({} from the device){ooms}\n",
         s.events,
-        s.duration_ns as f64 / 1e9,
+        seconds(s.duration_ns),
         humanized(s.peak_used_bytes),
         humanized(s.peak_acquired_bytes),
         s.total_allocations,
