@@ -12,6 +12,15 @@
 //!
 //! Rebase records (which move a chunk's time base) are not events: they are left out of every
 //! count and export.
+//!
+//! Other parts of the JSON contract, kept where they are computed:
+//!
+//! - `epochs`: the `*_mb` keys are as fastai prints them, each reading truncated to whole MB
+//!   (`int(bytes / 2**20)`) before subtracting, and `gpu_peak_mb` alone carries fastai's
+//!   adjustment (a negative peak reads 0, else a positive `gpu_used_mb` is subtracted from
+//!   it); the `*_bytes` keys are the raw exact deltas in bytes, never truncated nor adjusted.
+//! - Times (`peak_used_ns`, `peak_acquired_ns`, `duration_ns`, epoch bounds, ...) are ns since
+//!   the trace's start, converted from the recorder's clock ticks and rounded down to whole ns.
 
 use poolsight_schema::fb;
 use serde::Serialize;
