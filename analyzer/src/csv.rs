@@ -102,7 +102,7 @@ macro_rules! refuse_compound {
     };
 }
 
-impl<'a> Serializer for &'a mut Row {
+impl Serializer for &mut Row {
     type Ok = ();
     type Error = Unsupported;
     type SerializeSeq = Impossible<(), Unsupported>;
