@@ -251,23 +251,31 @@ impl Context {
             .map(|&(_, id)| id);
         match cached {
             Some(id) => id,
-            None => {
-                let stack = self.intern_scope(
-                    handle,
-                    key.parent,
-                    kind,
-                    phase,
-                    name,
-                    site.file(),
-                    site.line(),
-                );
-                self.scopes
-                    .entry(key)
-                    .or_default()
-                    .push((name.into(), stack));
-                stack
-            }
+            None => self.intern_site_scope(handle, key, name, site),
         }
+    }
+
+    #[cold]
+    fn intern_site_scope(
+        &mut self,
+        handle: &Handle,
+        key: ScopeKey,
+        name: &str,
+        site: &'static Location<'static>,
+    ) -> u32 {
+        let frame = Frame {
+            kind: key.kind,
+            phase: key.phase,
+            file: site.file().to_owned(),
+            line: site.line(),
+            name: name.to_owned(),
+        };
+        let stack = self.intern_scope(handle, key.parent, frame);
+        self.scopes
+            .entry(key)
+            .or_default()
+            .push((name.into(), stack));
+        stack
     }
 
     #[inline]
@@ -293,39 +301,41 @@ impl Context {
             .map(|n| n.stack);
         match cached {
             Some(id) => id,
-            None => {
-                let stack = self.intern_scope(handle, key.parent, kind, phase, name, file, line);
-                self.foreign_scopes.entry(key).or_default().push(Named {
-                    file: file.into(),
-                    name: name.into(),
-                    stack,
-                });
-                stack
-            }
+            None => self.intern_foreign_scope(handle, key, name, file),
         }
     }
 
     #[cold]
-    #[allow(clippy::too_many_arguments)]
-    fn intern_scope(
+    fn intern_foreign_scope(
         &mut self,
         handle: &Handle,
-        parent: u32,
-        kind: FrameKind,
-        phase: Phase,
+        key: ForeignScopeKey,
         name: &str,
         file: &str,
-        line: u32,
     ) -> u32 {
-        let frame = handle.intern_frame(&Frame {
-            kind,
-            phase,
+        let frame = Frame {
+            kind: key.kind,
+            phase: key.phase,
             file: file.to_owned(),
-            line,
+            line: key.line,
             name: name.to_owned(),
+        };
+        let stack = self.intern_scope(handle, key.parent, frame);
+        self.foreign_scopes.entry(key).or_default().push(Named {
+            file: file.into(),
+            name: name.into(),
+            stack,
         });
-        let stack = handle.intern_stack(parent, frame);
-        self.names.entry(stack).or_insert_with(|| name.into());
+        stack
+    }
+
+    #[cold]
+    fn intern_scope(&mut self, handle: &Handle, parent: u32, frame: Frame) -> u32 {
+        let id = handle.intern_frame(&frame);
+        let stack = handle.intern_stack(parent, id);
+        self.names
+            .entry(stack)
+            .or_insert(frame.name.into_boxed_str());
         stack
     }
 
