@@ -93,7 +93,7 @@ fn every_event_kind_round_trips() {
     let start = poolsight::recorder::writer::now_ticks();
     h.record_scope(stack, start);
     h.record_mark(MarkKind::EpochBegin, 1, 100, 0);
-    h.record_mark(MarkKind::EpochEnd.into(), 1, 150, 175);
+    h.record_mark(MarkKind::EpochEnd, 1, 150, 175);
     h.record_mark(MarkKind::CpuSample, 0, 123, 0);
     h.define_device(DeviceInfo {
         id: 1,
