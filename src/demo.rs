@@ -136,6 +136,7 @@ pub enum DemoError {
     /// The options make no sense (a zero size, an unknown device name).
     Options(String),
     /// `--device cuda:N` asked of a binary built without CUDA support.
+    #[cfg(not(feature = "cuda"))]
     NoCuda,
     Device(DeviceError),
     Pool(PoolError),
@@ -146,6 +147,7 @@ impl fmt::Display for DemoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DemoError::Options(why) => write!(f, "invalid demo options: {why}"),
+            #[cfg(not(feature = "cuda"))]
             DemoError::NoCuda => f.write_str(
                 "this poolsight was built without the cuda feature; rebuild with --features cuda",
             ),
@@ -162,7 +164,9 @@ impl std::error::Error for DemoError {
             DemoError::Device(e) => Some(e),
             DemoError::Pool(e) => Some(e),
             DemoError::Recorder(e) => Some(e),
-            DemoError::Options(_) | DemoError::NoCuda => None,
+            DemoError::Options(_) => None,
+            #[cfg(not(feature = "cuda"))]
+            DemoError::NoCuda => None,
         }
     }
 }
@@ -760,8 +764,16 @@ impl XorShift {
 mod tests {
     use super::*;
 
+    /// Unit tests of a binary get no per-target temporary directory from Cargo: the system's,
+    /// cleaned up by [`remove`].
     fn out(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("poolsight-{name}-{}.pstrace", std::process::id()))
+    }
+
+    fn remove(runs: &[&DemoOutcome]) {
+        for r in runs {
+            let _ = std::fs::remove_file(&r.path);
+        }
     }
 
     fn small(name: &str) -> DemoOptions {
@@ -802,6 +814,7 @@ mod tests {
             "{} events for {steps} steps",
             r.summary.events
         );
+        remove(&[&r]);
     }
 
     #[test]
@@ -815,6 +828,7 @@ mod tests {
         })
         .expect("demo runs");
         assert_ne!(a.losses, c.losses);
+        remove(&[&a, &b, &c]);
     }
 
     #[test]
