@@ -40,7 +40,10 @@ use std::time::{Duration, Instant};
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::writer::now_ticks;
-use poolsight::recorder::{fb, DeviceInfo, Frame, Handle, MemRecord, Recorder, RecorderConfig};
+use poolsight::recorder::{
+    DeviceInfo, Frame, FrameKind, Handle, MarkKind, MemKind, MemRecord, Phase, Recorder,
+    RecorderConfig,
+};
 
 const DEFAULT_EVENTS: u64 = 100_000_000;
 const WRITER_THREADS: u64 = 2;
@@ -321,14 +324,14 @@ impl Model {
                 name: name.to_owned(),
             })
         };
-        let (fk, ph) = (fb::FrameKind::Link, fb::Phase::Forward);
+        let (fk, ph) = (FrameKind::Link, Phase::Forward);
         let classifier = h.intern_stack(0, frame(fk, ph, "train.py", 88, "Classifier"));
         let model_link = h.intern_stack(classifier, frame(fk, ph, "model.py", 140, "Model"));
         let data_site = h.intern_stack(
             0,
             frame(
-                fb::FrameKind::Site,
-                fb::Phase::None,
+                FrameKind::Site,
+                Phase::None,
                 "chainer/dataset/convert.py",
                 62,
                 "<top>",
@@ -352,8 +355,8 @@ impl Model {
         };
         let batch = size(BATCH * 784 * 4);
         let update = frame(
-            fb::FrameKind::Function,
-            fb::Phase::None,
+            FrameKind::Function,
+            Phase::None,
             "chainer/optimizers/sgd.py",
             25,
             "SGD.update",
@@ -362,8 +365,8 @@ impl Model {
         let update_site = h.intern_stack(
             update_scope,
             frame(
-                fb::FrameKind::Site,
-                fb::Phase::None,
+                FrameKind::Site,
+                Phase::None,
                 "chainer/optimizers/sgd.py",
                 31,
                 "SGD.update",
@@ -380,16 +383,9 @@ impl Model {
                     .iter()
                     .enumerate()
                     .map(|(k, &(name, file, line))| {
-                        let fwd = frame(fb::FrameKind::Function, ph, file, line, name);
-                        let bwd = frame(
-                            fb::FrameKind::Function,
-                            fb::Phase::Backward,
-                            file,
-                            line,
-                            name,
-                        );
-                        let site =
-                            frame(fb::FrameKind::Site, fb::Phase::None, file, line + 9, name);
+                        let fwd = frame(FrameKind::Function, ph, file, line, name);
+                        let bwd = frame(FrameKind::Function, Phase::Backward, file, line, name);
+                        let site = frame(FrameKind::Site, Phase::None, file, line + 9, name);
                         let fwd_scope = h.intern_stack(link, fwd);
                         let bwd_scope = h.intern_stack(0, bwd);
                         Func {
@@ -454,7 +450,7 @@ impl Pool {
     }
 
     #[inline]
-    fn mem(&mut self, kind: fb::MemKind, ptr: u64, bytes: u64, stack: u32, pmem: u32) {
+    fn mem(&mut self, kind: MemKind, ptr: u64, bytes: u64, stack: u32, pmem: u32) {
         self.h.record_mem(MemRecord {
             kind,
             device: 0,
@@ -477,16 +473,16 @@ impl Pool {
                 let ptr = self.next_ptr;
                 self.next_ptr += size.mem;
                 self.next_pmem = self.next_pmem.wrapping_add(1);
-                self.mem(fb::MemKind::AllocPost, ptr, size.mem, stack, 0);
+                self.mem(MemKind::AllocPost, ptr, size.mem, stack, 0);
                 (ptr, self.next_pmem)
             }
         };
-        self.mem(fb::MemKind::MallocPost, ptr, size.requested, stack, pmem);
+        self.mem(MemKind::MallocPost, ptr, size.requested, stack, pmem);
         Alloc { ptr, pmem, size }
     }
 
     fn free(&mut self, b: Alloc) {
-        self.mem(fb::MemKind::FreePost, b.ptr, b.size.mem, 0, b.pmem);
+        self.mem(MemKind::FreePost, b.ptr, b.size.mem, 0, b.pmem);
         self.free[b.size.bin].push((b.ptr, b.pmem));
         self.cached += b.size.mem;
     }
@@ -494,7 +490,7 @@ impl Pool {
     /// `free_all_blocks`: the cache goes back to the device.
     fn release(&mut self) {
         if self.cached > 0 {
-            self.mem(fb::MemKind::Release, 0, self.cached, 0, 0);
+            self.mem(MemKind::Release, 0, self.cached, 0, 0);
             self.free.iter_mut().for_each(Vec::clear);
             self.cached = 0;
         }
@@ -555,7 +551,7 @@ fn writer_thread(h: Handle, m: &Model, thread: u64, quota: u64) -> u64 {
     let mut marks_written = 0u64;
     let mut epoch = 0u64;
     if marks {
-        h.record_mark(fb::MarkKind::EpochBegin, 0, 0, 0);
+        h.record_mark(MarkKind::EpochBegin, 0, 0, 0);
         marks_written += 1;
     }
     while p.events + marks_written < quota {
@@ -563,18 +559,18 @@ fn writer_thread(h: Handle, m: &Model, thread: u64, quota: u64) -> u64 {
         let due = (epoch + 1) * quota / EPOCHS;
         if p.events + marks_written >= due && epoch + 1 < EPOCHS {
             if marks {
-                h.record_mark(fb::MarkKind::EpochEnd, epoch as u32, 0, 0);
+                h.record_mark(MarkKind::EpochEnd, epoch as u32, 0, 0);
             }
             p.release();
             epoch += 1;
             if marks {
-                h.record_mark(fb::MarkKind::EpochBegin, epoch as u32, 0, 0);
+                h.record_mark(MarkKind::EpochBegin, epoch as u32, 0, 0);
                 marks_written += 2;
             }
         }
     }
     if marks {
-        h.record_mark(fb::MarkKind::EpochEnd, epoch as u32, 0, 0);
+        h.record_mark(MarkKind::EpochEnd, epoch as u32, 0, 0);
         marks_written += 1;
     }
     p.events + marks_written

@@ -21,11 +21,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolsight_recorder::device::{Device, DeviceError, HostDevice};
-use poolsight_recorder::pool::{MemoryPool, PoolError, PooledMemory};
-use poolsight_recorder::{
+use poolsight::pool::device::{Device, DeviceError, HostDevice};
+use poolsight::pool::{MemoryPool, PoolError, PooledMemory, TraceHook};
+use poolsight::recorder::{
     CountingAllocator, CpuSource, Handle, Phase, Recorder, RecorderConfig, RecorderError, Summary,
-    TraceHook,
 };
 
 /// Where the demo's arrays live.
@@ -137,6 +136,7 @@ pub enum DemoError {
     /// The options make no sense (a zero size, an unknown device name).
     Options(String),
     /// `--device cuda:N` asked of a binary built without CUDA support.
+    #[cfg(not(feature = "cuda"))]
     NoCuda,
     Device(DeviceError),
     Pool(PoolError),
@@ -147,6 +147,7 @@ impl fmt::Display for DemoError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DemoError::Options(why) => write!(f, "invalid demo options: {why}"),
+            #[cfg(not(feature = "cuda"))]
             DemoError::NoCuda => f.write_str(
                 "this poolsight was built without the cuda feature; rebuild with --features cuda",
             ),
@@ -163,7 +164,9 @@ impl std::error::Error for DemoError {
             DemoError::Device(e) => Some(e),
             DemoError::Pool(e) => Some(e),
             DemoError::Recorder(e) => Some(e),
-            DemoError::Options(_) | DemoError::NoCuda => None,
+            DemoError::Options(_) => None,
+            #[cfg(not(feature = "cuda"))]
+            DemoError::NoCuda => None,
         }
     }
 }
@@ -251,7 +254,7 @@ fn open_device(opts: &DemoOptions) -> Result<Arc<dyn Device>, DemoError> {
     match opts.device {
         DemoDevice::Host => Ok(Arc::new(HostDevice::new(0, opts.host_capacity))),
         #[cfg(feature = "cuda")]
-        DemoDevice::Cuda(n) => Ok(Arc::new(poolsight_recorder::device::CudaDevice::new(n)?)),
+        DemoDevice::Cuda(n) => Ok(Arc::new(poolsight::pool::device::CudaDevice::new(n)?)),
         #[cfg(not(feature = "cuda"))]
         DemoDevice::Cuda(_) => Err(DemoError::NoCuda),
     }
@@ -752,5 +755,115 @@ impl XorShift {
         for i in (1..v.len()).rev() {
             v.swap(i, self.below(i + 1));
         }
+    }
+}
+
+/// The workload trains for real and records a trace: a small configuration, so that it runs in
+/// a debug build within seconds.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unit tests of a binary get no per-target temporary directory from Cargo: the system's,
+    /// cleaned up by [`remove`].
+    fn out(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("poolsight-{name}-{}.pstrace", std::process::id()))
+    }
+
+    fn remove(runs: &[&DemoOutcome]) {
+        for r in runs {
+            let _ = std::fs::remove_file(&r.path);
+        }
+    }
+
+    fn small(name: &str) -> DemoOptions {
+        DemoOptions {
+            out: out(name),
+            epochs: 2,
+            hidden: vec![32],
+            steps_per_epoch: 80,
+            eval_batches: 4,
+            ..DemoOptions::default()
+        }
+    }
+
+    #[test]
+    fn the_loss_falls_and_the_trace_is_written() {
+        let opts = small("demo-small");
+        let r = run(&opts).expect("demo runs");
+        assert_eq!(r.losses.len(), 2);
+        assert_eq!(r.accuracies.len(), 2);
+        assert!(
+            r.losses.iter().all(|l| l.is_finite() && *l > 0.0),
+            "{:?}",
+            r.losses
+        );
+        assert!(r.losses[1] < r.losses[0], "loss falls: {:?}", r.losses);
+        let chance = 1.0 / opts.classes as f32;
+        assert!(r.accuracies[1] > 3.0 * chance, "learns: {:?}", r.accuracies);
+
+        assert_eq!(r.path, opts.out);
+        let len = std::fs::metadata(&r.path).expect("trace exists").len();
+        assert!(len > 0);
+        assert_eq!(len, r.summary.file_bytes);
+        assert_eq!(r.summary.dropped_events, 0);
+        // At least a malloc and a free for each array of each step.
+        let steps = (opts.epochs * opts.steps_per_epoch) as u64;
+        assert!(
+            r.summary.events > steps * 40,
+            "{} events for {steps} steps",
+            r.summary.events
+        );
+        remove(&[&r]);
+    }
+
+    #[test]
+    fn the_same_seed_trains_the_same_way() {
+        let a = run(&small("demo-seed-a")).expect("demo runs");
+        let b = run(&small("demo-seed-b")).expect("demo runs");
+        assert_eq!(a.losses, b.losses);
+        let c = run(&DemoOptions {
+            seed: 99,
+            ..small("demo-seed-c")
+        })
+        .expect("demo runs");
+        assert_ne!(a.losses, c.losses);
+        remove(&[&a, &b, &c]);
+    }
+
+    #[test]
+    fn devices_parse_as_the_cli_writes_them() {
+        assert_eq!("host".parse::<DemoDevice>().ok(), Some(DemoDevice::Host));
+        assert_eq!("cuda".parse::<DemoDevice>().ok(), Some(DemoDevice::Cuda(0)));
+        assert_eq!(
+            "cuda:3".parse::<DemoDevice>().ok(),
+            Some(DemoDevice::Cuda(3))
+        );
+        assert!("gpu".parse::<DemoDevice>().is_err());
+        assert!("cuda:x".parse::<DemoDevice>().is_err());
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_any_file_is_written() {
+        let opts = DemoOptions {
+            batch: 0,
+            ..small("demo-bad")
+        };
+        let err = run(&opts).expect_err("batch 0 is refused");
+        assert!(matches!(err, DemoError::Options(_)), "{err}");
+        assert!(err.to_string().contains("batch"), "{err}");
+        assert!(!opts.out.exists());
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_says_how_to_get_it() {
+        let opts = DemoOptions {
+            device: DemoDevice::Cuda(0),
+            ..small("demo-cuda")
+        };
+        let err = run(&opts).expect_err("no cuda in this build");
+        assert!(err.to_string().contains("--features cuda"), "{err}");
+        assert!(!opts.out.exists());
     }
 }

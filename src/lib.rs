@@ -1,7 +1,10 @@
-//! poolsight: one crate to depend on. Re-exports the write side ([`recorder`]), the read side
-//! ([`analyzer`]) and the format ([`schema`]).
-pub mod demo;
+//! poolsight: one crate to depend on. Re-exports the write side ([`recorder`]), the memory pool
+//! and its hooks ([`pool`]), the read side ([`analyzer`]) and the format ([`schema`]).
+//!
+//! Library users who only record or analyze can turn off the default `cli` feature, which only
+//! the `poolsight` binary needs.
 
 pub use poolsight_analyzer as analyzer;
+pub use poolsight_pool as pool;
 pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;

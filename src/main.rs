@@ -13,11 +13,13 @@ use poolsight::analyzer::timers::{self, TimeUnit, Which};
 use poolsight::analyzer::{
     epochs, export, info, lines, load, timeline, Profile, ReplayOptions, Trace,
 };
-use poolsight::demo::{DemoDevice, DemoOptions};
 use poolsight::recorder::CountingAllocator;
 
+mod demo;
 mod diff_cmd;
 mod term;
+
+use demo::{DemoDevice, DemoOptions};
 
 // Exact heap bytes for the demo's per-epoch CPU figures, as tracemalloc gives Python.
 #[global_allocator]
@@ -86,6 +88,12 @@ enum Command {
         /// Samples per training batch.
         #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65536))]
         batch: u32,
+        /// Training batches per epoch (fewer for a quick run).
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..))]
+        steps_per_epoch: u32,
+        /// Validation batches after each epoch.
+        #[arg(long, default_value_t = 20)]
+        eval_batches: u32,
     },
     /// Header, duration, events by kind, threads, devices, dropped events and torn chunks.
     ///
@@ -225,8 +233,7 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn parse_device(s: &str) -> Result<DemoDevice, String> {
-    s.parse()
-        .map_err(|e: poolsight::demo::DemoError| e.to_string())
+    s.parse().map_err(|e: demo::DemoError| e.to_string())
 }
 
 fn parse_metric(s: &str) -> Result<Metric, String> {
@@ -308,6 +315,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             device,
             hidden,
             batch,
+            steps_per_epoch,
+            eval_batches,
         } => {
             let opts = DemoOptions {
                 out: path,
@@ -315,10 +324,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 device,
                 hidden: hidden.into_iter().map(|h| h as usize).collect(),
                 batch: batch as usize,
+                steps_per_epoch,
+                eval_batches,
                 ..DemoOptions::default()
             };
             let started = std::time::Instant::now();
-            let outcome = poolsight::demo::run(&opts)?;
+            let outcome = demo::run(&opts)?;
             for (n, (loss, acc)) in outcome.losses.iter().zip(&outcome.accuracies).enumerate() {
                 writeln!(
                     out,

@@ -197,9 +197,8 @@ fn corrupted_chunks_are_skipped_with_a_warning() {
 /// A run killed inside an epoch: the epoch is reported up to the trace's end, and marked.
 #[test]
 fn an_epoch_the_trace_ended_inside_is_marked() {
-    use poolsight::recorder::device::HostDevice;
-    use poolsight::recorder::pool::MemoryPool;
-    use poolsight::recorder::TraceHook;
+    use poolsight::pool::device::HostDevice;
+    use poolsight::pool::{MemoryPool, TraceHook};
     use std::sync::Arc;
 
     let path = scratch("cut-epoch.pstrace");

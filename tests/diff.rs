@@ -7,10 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-use poolsight::demo::{self, DemoOptions};
-use poolsight::recorder::device::HostDevice;
-use poolsight::recorder::pool::MemoryPool;
-use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig, TraceHook};
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 use serde_json::Value;
 
 fn dir() -> PathBuf {
@@ -45,17 +44,23 @@ fn poolsight(args: &[&str]) -> Outcome {
 
 /// The demo, small enough for a debug build: `hidden` is the size the "change" alters.
 fn record_demo(name: &str, hidden: usize) -> String {
-    let out = dir().join(format!("{name}.pstrace"));
-    demo::run(&DemoOptions {
-        out: out.clone(),
-        epochs: 2,
-        hidden: vec![hidden],
-        steps_per_epoch: 20,
-        eval_batches: 2,
-        ..DemoOptions::default()
-    })
-    .expect("demo runs");
-    out.display().to_string()
+    let out = dir().join(format!("{name}.pstrace")).display().to_string();
+    let hidden = hidden.to_string();
+    let run = poolsight(&[
+        "demo",
+        "--out",
+        &out,
+        "--epochs",
+        "2",
+        "--hidden",
+        &hidden,
+        "--steps-per-epoch",
+        "20",
+        "--eval-batches",
+        "2",
+    ]);
+    assert_eq!(run.code, 0, "demo runs: {}", run.stderr);
+    out
 }
 
 /// Two runs of the base branch and two of a change that widens the hidden layer, recorded

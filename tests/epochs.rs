@@ -10,8 +10,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use common::{trace_path, Trace};
-use poolsight_recorder::fb::MarkKind;
-use poolsight_recorder::{CountingAllocator, CpuSource, Recorder, RecorderConfig};
+use poolsight::recorder::MarkKind as Mark;
+use poolsight::recorder::{CountingAllocator, CpuSource, Recorder, RecorderConfig};
+use poolsight::schema::fb::MarkKind;
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator::new();
@@ -68,7 +69,7 @@ fn heap_epochs_carry_exact_used_and_peak() {
     let rec = Recorder::create(&path, config).expect("recorder");
     let h = rec.handle();
     // The first mark of a thread creates its writer; do that before measuring.
-    h.record_mark(MarkKind::CpuSample, 0, 0, 0);
+    h.record_mark(Mark::CpuSample, 0, 0, 0);
 
     h.epoch_begin(1);
     drop(black_box(vec![1u8; 5 * MIB as usize]));

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use common::trace_path;
 use poolsight::analyzer::export::{chrome, jsonl, ExportSummary, EPOCHS_TID};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
-use poolsight::recorder::device::HostDevice;
-use poolsight::recorder::pool::MemoryPool;
-use poolsight::recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Phase, Recorder, RecorderConfig};
 use serde_json::Value;
 
 /// What the recorded run did, to compare the exports with.

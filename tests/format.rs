@@ -4,7 +4,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use poolsight::analyzer::{info, ChunkKind, Trace};
-use poolsight::recorder::{fb, DeviceInfo, Frame, MemRecord, Mode, Recorder, RecorderConfig};
+use poolsight::recorder::{
+    DeviceInfo, Frame, FrameKind, MarkKind, MemKind, MemRecord, Mode, Phase, Recorder,
+    RecorderConfig,
+};
+use poolsight::schema::fb;
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("poolsight-tests-{}", std::process::id()));
@@ -20,7 +24,7 @@ fn small_config() -> RecorderConfig {
     }
 }
 
-fn mem(kind: fb::MemKind, ptr: u64, bytes: u64) -> MemRecord {
+fn mem(kind: MemKind, ptr: u64, bytes: u64) -> MemRecord {
     MemRecord {
         kind,
         device: 3,
@@ -62,19 +66,19 @@ fn every_event_kind_round_trips() {
     .unwrap();
     let h = rec.handle();
     let kinds = [
-        fb::MemKind::MallocPre,
-        fb::MemKind::MallocPost,
-        fb::MemKind::AllocPre,
-        fb::MemKind::AllocPost,
-        fb::MemKind::FreePre,
-        fb::MemKind::FreePost,
-        fb::MemKind::Release,
-        fb::MemKind::OutOfMemory,
-        fb::MemKind::LimitSet,
+        MemKind::MallocPre,
+        MemKind::MallocPost,
+        MemKind::AllocPre,
+        MemKind::AllocPost,
+        MemKind::FreePre,
+        MemKind::FreePost,
+        MemKind::Release,
+        MemKind::OutOfMemory,
+        MemKind::LimitSet,
     ];
     let frame = h.intern_frame(&Frame {
-        kind: fb::FrameKind::Function,
-        phase: fb::Phase::Backward,
+        kind: FrameKind::Function,
+        phase: Phase::Backward,
         file: "model.py".into(),
         line: 42,
         name: "LinearFunction".into(),
@@ -88,9 +92,9 @@ fn every_event_kind_round_trips() {
     }
     let start = poolsight::recorder::writer::now_ticks();
     h.record_scope(stack, start);
-    h.record_mark(fb::MarkKind::EpochBegin, 1, 100, 0);
-    h.record_mark(fb::MarkKind::EpochEnd, 1, 150, 175);
-    h.record_mark(fb::MarkKind::CpuSample, 0, 123, 0);
+    h.record_mark(MarkKind::EpochBegin, 1, 100, 0);
+    h.record_mark(MarkKind::EpochEnd, 1, 150, 175);
+    h.record_mark(MarkKind::CpuSample, 0, 123, 0);
     h.define_device(DeviceInfo {
         id: 1,
         name: "second".into(),
@@ -109,7 +113,7 @@ fn every_event_kind_round_trips() {
     let events = all_mem(&trace);
     assert_eq!(events.len(), kinds.len());
     for (i, ((_, e), k)) in events.iter().zip(kinds).enumerate() {
-        assert_eq!(e.kind(), k);
+        assert_eq!(e.kind(), k.into());
         assert_eq!(e.ptr(), 0x1000 + i as u64);
         assert_eq!(e.bytes(), 512 * (i as u64 + 1));
         assert_eq!(
@@ -124,7 +128,7 @@ fn every_event_kind_round_trips() {
     assert_eq!(trace.defs.string(f.name), "LinearFunction");
     assert_eq!(
         (f.kind, f.phase, f.line),
-        (fb::FrameKind::Function, fb::Phase::Backward, 42)
+        (FrameKind::Function.into(), Phase::Backward.into(), 42)
     );
     let marks: Vec<_> = trace
         .chunks
@@ -135,7 +139,7 @@ fn every_event_kind_round_trips() {
     assert_eq!(marks.len(), 3);
     assert_eq!(
         (marks[1].kind(), marks[1].aux(), marks[1].a(), marks[1].b()),
-        (fb::MarkKind::EpochEnd, 1, 150, 175)
+        (MarkKind::EpochEnd.into(), 1, 150, 175)
     );
     let info = info::info(&trace);
     assert_eq!(info.events["function"], 1);
@@ -151,11 +155,11 @@ fn timestamps_survive_long_gaps_via_rebase() {
     let path = tmp("rebase.pstrace");
     let rec = Recorder::create(&path, small_config()).unwrap();
     let h = rec.handle();
-    h.record_mem(mem(fb::MemKind::MallocPost, 1, 512));
+    h.record_mem(mem(MemKind::MallocPost, 1, 512));
     // 2^32 ticks is about 1.4 s at 3 GHz: sleep past it so the delta cannot fit.
     let gap = (u32::MAX as f64 / h.ticks_per_ns()) as u64 + 50_000_000;
     std::thread::sleep(std::time::Duration::from_nanos(gap));
-    h.record_mem(mem(fb::MemKind::FreePost, 1, 512));
+    h.record_mem(mem(MemKind::FreePost, 1, 512));
     rec.finish().unwrap();
     let trace = Trace::open(&path).unwrap();
     let c = trace
@@ -183,7 +187,7 @@ fn eight_threads_lose_and_duplicate_nothing() {
             let h = rec.handle();
             s.spawn(move || {
                 for i in 0..PER_THREAD {
-                    h.record_mem(mem(fb::MemKind::MallocPost, (t << 32) | i, 512));
+                    h.record_mem(mem(MemKind::MallocPost, (t << 32) | i, 512));
                 }
             });
         }
@@ -226,7 +230,7 @@ fn ring_mode_keeps_exactly_the_newest_chunks() {
     let h = rec.handle();
     let total = 2_000u64; // about 16 chunks of 4 KiB
     for i in 0..total {
-        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+        h.record_mem(mem(MemKind::MallocPost, i, 512));
     }
     rec.finish().unwrap();
     let trace = Trace::open(&path).unwrap();
@@ -267,7 +271,7 @@ fn sigkill_child_entry() {
     let h = rec.handle();
     let mut stdout = std::io::stdout();
     for i in 0u64.. {
-        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+        h.record_mem(mem(MemKind::MallocPost, i, 512));
         if i % 1000 == 999 {
             // Everything up to i is recorded before the parent can read this line.
             let _ = writeln!(stdout, "{}", i + 1);
@@ -334,8 +338,8 @@ fn small_trace(path: &Path) -> Vec<u8> {
     let rec = Recorder::create(path, small_config()).unwrap();
     let h = rec.handle();
     let frame = h.intern_frame(&Frame {
-        kind: fb::FrameKind::Link,
-        phase: fb::Phase::None,
+        kind: FrameKind::Link,
+        phase: Phase::None,
         file: "train.rs".into(),
         line: 7,
         name: "MLP".into(),
@@ -344,11 +348,11 @@ fn small_trace(path: &Path) -> Vec<u8> {
     for i in 0..300u64 {
         h.record_mem(MemRecord {
             stack,
-            ..mem(fb::MemKind::MallocPost, i, 512)
+            ..mem(MemKind::MallocPost, i, 512)
         });
         h.record_scope(stack, poolsight::recorder::writer::now_ticks());
     }
-    h.record_mark(fb::MarkKind::EpochBegin, 1, 0, 0);
+    h.record_mark(MarkKind::EpochBegin, 1, 0, 0);
     rec.finish().unwrap();
     std::fs::read(path).unwrap()
 }
@@ -485,7 +489,7 @@ fn a_full_file_stops_recording_and_counts_what_it_drops() {
     let h = rec.handle();
     let n = 10_000u64;
     for i in 0..n {
-        h.record_mem(mem(fb::MemKind::MallocPost, i, 512));
+        h.record_mem(mem(MemKind::MallocPost, i, 512));
     }
     let summary = rec.finish().unwrap();
     assert!(summary.dropped_events > 0);

@@ -181,9 +181,9 @@ fn fresh_recordings_give_the_committed_memory_reports() {
 /// chunks from four threads makes rayon split the work differently at 1 and 4 threads.
 #[test]
 fn output_does_not_depend_on_the_number_of_threads() {
-    use poolsight::recorder::device::HostDevice;
-    use poolsight::recorder::pool::MemoryPool;
-    use poolsight::recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+    use poolsight::pool::device::HostDevice;
+    use poolsight::pool::{MemoryPool, TraceHook};
+    use poolsight::recorder::{Phase, Recorder, RecorderConfig};
     use std::sync::Arc;
 
     let path = Path::new(env!("CARGO_TARGET_TMPDIR"))

@@ -4,8 +4,8 @@
 mod common;
 
 use common::{trace_path, Trace};
-use poolsight_recorder::fb;
-use poolsight_recorder::{current_stack, Phase, Recorder, RecorderConfig};
+use poolsight::recorder::{Phase, Recorder, RecorderConfig};
+use poolsight::schema::fb;
 
 fn recorder(name: &str) -> Recorder {
     Recorder::create(trace_path(name), RecorderConfig::default()).expect("recorder")
@@ -16,15 +16,15 @@ fn nested_scopes_intern_child_stacks_under_their_parent() {
     let rec = recorder("scopes-nested");
     let h = rec.handle();
     let (l, f, s, link_line, fn_line, scope_line) = {
-        assert_eq!(current_stack(&h), 0, "no scope open yet");
+        assert_eq!(h.current_stack(), 0, "no scope open yet");
         let (link, link_line) = (h.link("Classifier"), line!());
         let (func, fn_line) = (h.function("LinearFunction", Phase::Backward), line!());
         let (user, scope_line) = (h.scope("step"), line!());
-        assert_eq!(current_stack(&h), user.stack());
+        assert_eq!(h.current_stack(), user.stack());
         let ids = (link.stack(), func.stack(), user.stack());
         (ids.0, ids.1, ids.2, link_line, fn_line, scope_line)
     };
-    assert_eq!(current_stack(&h), 0, "every scope closed");
+    assert_eq!(h.current_stack(), 0, "every scope closed");
     let path = h.path();
     rec.finish().expect("finish");
 
@@ -114,25 +114,25 @@ fn dropping_an_outer_guard_early_closes_the_inner_ones_on_the_stack() {
     let inner_stack = inner.stack();
     drop(outer);
     assert_eq!(
-        current_stack(&h),
+        h.current_stack(),
         0,
         "the outer drop popped the inner scope too"
     );
     let later = h.scope("later");
     let later_inner = h.scope("later_inner");
-    assert_eq!(current_stack(&h), later_inner.stack());
+    assert_eq!(h.current_stack(), later_inner.stack());
     // `inner` sat at the depth `later_inner` now holds.
     drop(inner);
     assert_eq!(
-        current_stack(&h),
+        h.current_stack(),
         later_inner.stack(),
         "a stale guard must not pop a scope opened after it was closed"
     );
     drop(later_inner);
-    assert_eq!(current_stack(&h), later.stack());
+    assert_eq!(h.current_stack(), later.stack());
     let later_stack = later.stack();
     drop(later);
-    assert_eq!(current_stack(&h), 0);
+    assert_eq!(h.current_stack(), 0);
     let path = h.path();
     rec.finish().expect("finish");
 
@@ -156,13 +156,13 @@ fn stacks_are_per_thread_and_per_recorder() {
     let rec2 = recorder("scopes-rec2");
     let (h1, h2) = (rec1.handle(), rec2.handle());
     let s1 = h1.scope("one");
-    assert_eq!(current_stack(&h1), s1.stack());
-    assert_eq!(current_stack(&h2), 0, "another recorder has its own stack");
+    assert_eq!(h1.current_stack(), s1.stack());
+    assert_eq!(h2.current_stack(), 0, "another recorder has its own stack");
     let s2 = h2.scope("two");
-    assert_eq!(current_stack(&h2), s2.stack());
-    assert_eq!(current_stack(&h1), s1.stack());
+    assert_eq!(h2.current_stack(), s2.stack());
+    assert_eq!(h1.current_stack(), s1.stack());
     let h1_thread = h1.clone();
-    let seen = std::thread::spawn(move || current_stack(&h1_thread))
+    let seen = std::thread::spawn(move || h1_thread.current_stack())
         .join()
         .expect("thread");
     assert_eq!(seen, 0, "another thread has its own stack");

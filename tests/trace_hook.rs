@@ -6,10 +6,10 @@ mod common;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use common::{trace_path, Trace};
-use poolsight_recorder::device::HostDevice;
-use poolsight_recorder::fb::{self, MemKind};
-use poolsight_recorder::pool::MemoryPool;
-use poolsight_recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Phase, Recorder, RecorderConfig};
+use poolsight::schema::fb::{self, MemKind};
 
 /// Global hooks see every thread's pool operations, so tests of this file that install one run
 /// alone.

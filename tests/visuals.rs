@@ -13,9 +13,9 @@ use poolsight::analyzer::flamegraph::{
 use poolsight::analyzer::render::humanized;
 use poolsight::analyzer::timeline::{timeline_svg, TimelineError};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
-use poolsight::recorder::device::HostDevice;
-use poolsight::recorder::pool::MemoryPool;
-use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig, TraceHook};
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 
 /// A fresh trace path; the process id keeps concurrent `cargo test` runs apart.
 fn trace_path(name: &str) -> PathBuf {

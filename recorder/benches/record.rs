@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use poolsight_recorder::{fb, MemRecord, Mode, Recorder, RecorderConfig};
+use poolsight_recorder::{MemKind, MemRecord, Mode, Recorder, RecorderConfig};
 
 fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("poolsight-bench-{}", std::process::id()));
@@ -18,7 +18,7 @@ fn dir() -> PathBuf {
 
 fn event(i: u64) -> MemRecord {
     MemRecord {
-        kind: fb::MemKind::MallocPost,
+        kind: MemKind::MallocPost,
         device: 0,
         stream: 0,
         ptr: 0x7f00_0000_0000 + (i << 9),

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::cpu::{self, CountingAllocator};
-use crate::fb;
+use crate::kinds::MarkKind;
 use crate::writer::{CpuSource, Handle};
 
 /// Per-recorder epoch state. Epoch calls are rare (twice per epoch), so a process-wide mutex is
@@ -68,7 +68,7 @@ impl Handle {
             }
             CpuSource::Rss => rss_peak_of(self).store(now, Ordering::Relaxed),
         }
-        self.record_mark(fb::MarkKind::EpochBegin, n, now, 0);
+        self.record_mark(MarkKind::EpochBegin, n, now, 0);
     }
 
     /// Marks the end of epoch `n`, with the CPU bytes in use now and the CPU peak since the
@@ -81,7 +81,7 @@ impl Handle {
             CpuSource::Heap => CountingAllocator::peak().max(now),
             CpuSource::Rss => rss_peak_of(self).fetch_max(now, Ordering::Relaxed).max(now),
         };
-        self.record_mark(fb::MarkKind::EpochEnd, n, now, peak);
+        self.record_mark(MarkKind::EpochEnd, n, now, peak);
     }
 
     /// Starts a thread that reads the recorder's CPU source every `interval`, writes a
@@ -131,7 +131,7 @@ fn sample(
         if let Some(peak) = &rss_peak {
             peak.fetch_max(now, Ordering::Relaxed);
         }
-        handle.record_mark(fb::MarkKind::CpuSample, 0, now, 0);
+        handle.record_mark(MarkKind::CpuSample, 0, now, 0);
         stopped = match cv.wait_timeout(stopped, interval) {
             Ok((g, _)) => g,
             Err(e) => e.into_inner().0,

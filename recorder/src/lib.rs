@@ -2,45 +2,28 @@
 //!
 //! - [`writer`]: the memory-mapped trace writer ([`Recorder`], per-thread chunks, interning);
 //! - [`clock`]: the tick clock and its calibration;
-//! - [`pool`], [`device`], [`hooks`]: a CuPy-style caching memory pool over a host or CUDA
-//!   device, with CuPy's `MemoryHook` callbacks; [`trace_hook`] writes them to the trace;
-//! - [`scope`], [`epoch`], [`cpu`]: Chainer-style function/link scopes, epochs, CPU memory.
+//! - [`kinds`]: what is recorded ([`MemKind`], [`MarkKind`], [`FrameKind`], [`Phase`]);
+//! - [`scope`]: function/link/user scopes, as RAII guards for Rust and as tokens for foreign
+//!   callers, and the interning of foreign call stacks;
+//! - [`epoch`], [`cpu`]: epochs and CPU memory figures.
 //!
-//! The recorder never depends on the analyzer: both only share the format in `poolsight-schema`.
+//! The caching memory pool and its hooks live in `poolsight-pool`, which records through this
+//! crate's public API like any other allocator's observer. The recorder never depends on the
+//! analyzer: both only share the format in `poolsight-schema`.
 
 pub mod clock;
 pub mod cpu;
-pub mod device;
 pub mod epoch;
-pub mod hooks;
-pub mod pool;
+mod error;
+pub mod kinds;
 pub mod scope;
-pub mod trace_hook;
 pub mod writer;
 
 pub use cpu::CountingAllocator;
 pub use epoch::CpuSampler;
-pub use scope::{current_stack, Phase, ScopeGuard};
-pub use trace_hook::TraceHook;
-
-pub use poolsight_schema::fb;
+pub use error::{RecorderError, ScopeError};
+pub use kinds::{FrameKind, MarkKind, MemKind, Phase, ScopeKind};
+pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
     CpuSource, DeviceInfo, Frame, Handle, MemRecord, Mode, Recorder, RecorderConfig, Summary,
 };
-
-use std::path::PathBuf;
-
-/// Why the recorder could not start (or finish). Failures while recording never surface here:
-/// they stop recording, count dropped events and are reported once on stderr and in the file.
-#[derive(Debug, thiserror::Error)]
-pub enum RecorderError {
-    #[error("cannot {what} trace file {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("invalid recorder configuration: {0}")]
-    Config(String),
-}

@@ -2,47 +2,48 @@
 //! where Chainer's hooks fire (a `FunctionNode` forward or backward, a `Link` call) or anywhere
 //! the user wants a name in the reports.
 //!
-//! A scope is an RAII guard. Opening one pushes a frame (`file:line:name`, the line being where
-//! the scope was opened, thanks to `#[track_caller]`) onto this thread's stack of open scopes for
-//! that recorder; dropping it writes one scope event (the stack and the duration) and pops.
+//! Opening a scope pushes a frame (`file:line:name`) onto this thread's stack of open scopes for
+//! that recorder; closing it writes one scope event (the stack and the duration) and pops. Two
+//! front ends share that core:
+//!
+//! - for Rust, RAII guards ([`Handle::function`], [`Handle::link`], [`Handle::scope`]), whose
+//!   `file:line` is where they were opened, thanks to `#[track_caller]`;
+//! - for foreign callers (the Python package, the C ABI), [`Handle::enter`], which takes the
+//!   name, file and line as plain values and returns a [`ScopeToken`] (no borrow, no lifetime),
+//!   and [`Handle::exit`], which takes it back.
+//!
+//! Foreign callers also hand in whole call stacks (a Python traceback, as CuPy's
+//! `LineProfileHook` sees it): [`Handle::foreign_stack`] interns them, once per distinct stack.
 //!
 //! # Cost
 //!
 //! The trace refers to stacks by interned id, and interning takes the recorder's mutex. So each
-//! thread keeps, per recorder, a cache from (parent stack, call site, kind, phase, name) to the
+//! thread keeps, per recorder, caches from (parent stack, call site, kind, phase, name) to the
 //! stack id: once a training step has run once, opening a scope is a thread-local lookup and one
-//! hash probe with a string compare, with no lock and no allocation, and closing it is a
-//! truncate plus the writer's event append.
+//! hash probe with string compares, with no lock and no allocation, and closing it is a
+//! truncate plus the writer's event append. A foreign stack of N frames costs N such probes.
 //!
-//! # Threads and recorders
+//! # Threads, recorders and out-of-order closes
 //!
 //! Each thread has its own stack, as Chainer's thread-local hook stacks do: a guard is `!Send`
-//! and closes on the thread that opened it. Stacks are also kept apart per recorder, since stack
-//! ids only mean something in the file they were interned in.
+//! and closes on the thread that opened it; a token exited on another thread, or on another
+//! recorder, is refused with a [`ScopeError`] and changes nothing. Stacks are also kept apart
+//! per recorder, since stack ids only mean something in the file they were interned in.
+//!
+//! Scopes are meant to close in reverse order of opening. Closing an outer one first closes the
+//! scopes opened inside it too, as far as the stack is concerned: the next scope or allocation
+//! is attributed to the outer scope's parent. The inner scopes still record their own event
+//! (with the stack they were opened with) when they close, but no longer touch the stack, so a
+//! scope opened after the early close is never popped by a stale guard or token.
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::Location;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::fb;
+use crate::error::ScopeError;
+use crate::kinds::{FrameKind, Phase, ScopeKind};
 use crate::writer::{now_ticks, Frame, Handle};
-
-/// Whether a function scope is the forward or the backward computation; reports split by it as
-/// Chainer's `CupyMemoryProfileHook` does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    Forward,
-    Backward,
-}
-
-impl From<Phase> for fb::Phase {
-    fn from(p: Phase) -> fb::Phase {
-        match p {
-            Phase::Forward => fb::Phase::Forward,
-            Phase::Backward => fb::Phase::Backward,
-        }
-    }
-}
 
 /// The keys here are a few integers, for which SipHash's DoS resistance buys nothing and costs
 /// most of a cache hit; rustc's Fx hash is the usual answer.
@@ -60,24 +61,46 @@ fn site_key(site: &'static Location<'static>) -> usize {
 struct ScopeKey {
     parent: u32,
     site: usize,
-    kind: u8,
-    phase: u8,
+    kind: FrameKind,
+    phase: Phase,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ForeignScopeKey {
+    parent: u32,
+    line: u32,
+    kind: FrameKind,
+    phase: Phase,
+}
+
+/// A file and a name, compared rather than hashed into a key: a call site almost always opens
+/// one name, so this is one or two short compares, and unlike a hash it cannot collide.
+struct Named {
+    file: Box<str>,
+    name: Box<str>,
+    stack: u32,
 }
 
 struct OpenScope {
     stack: u32,
-    /// Tells a guard whether the entry at its depth is still its own (see [`ScopeGuard`]).
+    /// Tells a closing scope whether the entry at its depth is still its own.
     serial: u64,
 }
 
 /// One thread's scopes for one recorder.
 struct Context {
     recorder: u64,
+    /// Unique among the contexts of the process: a token remembers it, so that a token handed
+    /// to another thread is recognised as foreign there.
+    owner: u64,
     open: Vec<OpenScope>,
     next_serial: u64,
-    /// Names are compared rather than hashed into the key: a call site almost always opens
-    /// one name, so this is one short compare, and unlike a hash it cannot collide.
+    /// Serials of scopes closed early by an outer scope, whose own close has not come yet.
+    orphans: Vec<u64>,
     scopes: FxMap<ScopeKey, Vec<(Box<str>, u32)>>,
+    foreign_scopes: FxMap<ForeignScopeKey, Vec<Named>>,
+    /// (parent stack, line) -> foreign frames with that line under that parent.
+    foreign_frames: FxMap<(u32, u32), Vec<Named>>,
     /// Innermost scope name of each stack this thread opened: the name of allocation sites.
     names: FxMap<u32, Box<str>>,
     sites: FxMap<(u32, usize), u32>,
@@ -88,6 +111,13 @@ struct Context {
 /// Contexts of recorders this thread no longer uses are dropped beyond this many (their caches
 /// only; nothing is lost).
 const MAX_IDLE_CONTEXTS: usize = 8;
+
+/// Orphaned scopes whose close never comes (a leaked token) must not grow a list forever; past
+/// this many, the oldest are forgotten, and exiting their token then reports
+/// [`ScopeError::NotOpen`].
+const MAX_ORPHANS: usize = 1024;
+
+static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     static CONTEXTS: RefCell<Vec<Context>> = const { RefCell::new(Vec::new()) };
@@ -118,13 +148,17 @@ fn find_or_insert(list: &mut Vec<Context>, recorder: u64) -> usize {
         Some(i) => i,
         None => {
             if list.len() >= MAX_IDLE_CONTEXTS {
-                list.retain(|c| !c.open.is_empty());
+                list.retain(|c| !c.open.is_empty() || !c.orphans.is_empty());
             }
             list.push(Context {
                 recorder,
+                owner: NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed),
                 open: Vec::new(),
                 next_serial: 1,
+                orphans: Vec::new(),
                 scopes: FxMap::default(),
+                foreign_scopes: FxMap::default(),
+                foreign_frames: FxMap::default(),
                 names: FxMap::default(),
                 sites: FxMap::default(),
                 last_site: (0, 0, 0),
@@ -142,60 +176,166 @@ impl Context {
         self.open.last().map_or(0, |o| o.stack)
     }
 
+    /// Pushes `stack` and returns the token describing it (its start time is set by the
+    /// caller, after interning, so that a cache miss is not billed to the scope).
     #[inline]
-    fn push(
+    fn push(&mut self, recorder: u64, stack: u32) -> ScopeToken {
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let depth = self.open.len() as u32;
+        self.open.push(OpenScope { stack, serial });
+        ScopeToken {
+            recorder,
+            context: self.owner,
+            serial,
+            start: 0,
+            stack,
+            depth,
+        }
+    }
+
+    /// Pops the scope `(depth, serial)`, with any still open inside it.
+    #[inline]
+    fn close(&mut self, depth: u32, serial: u64) -> Result<(), ScopeError> {
+        let depth = depth as usize;
+        if self.open.get(depth).is_some_and(|o| o.serial == serial) {
+            if self.open.len() > depth + 1 {
+                self.orphan_above(depth);
+            }
+            self.open.truncate(depth);
+            return Ok(());
+        }
+        self.close_orphan(serial)
+    }
+
+    #[cold]
+    fn orphan_above(&mut self, depth: usize) {
+        self.orphans
+            .extend(self.open[depth + 1..].iter().map(|o| o.serial));
+        if self.orphans.len() > MAX_ORPHANS {
+            let excess = self.orphans.len() - MAX_ORPHANS;
+            self.orphans.drain(..excess);
+        }
+    }
+
+    #[cold]
+    fn close_orphan(&mut self, serial: u64) -> Result<(), ScopeError> {
+        match self.orphans.iter().position(|&s| s == serial) {
+            Some(i) => {
+                self.orphans.swap_remove(i);
+                Ok(())
+            }
+            None => Err(ScopeError::NotOpen),
+        }
+    }
+
+    #[inline]
+    fn site_scope(
         &mut self,
         handle: &Handle,
-        kind: fb::FrameKind,
-        phase: fb::Phase,
+        kind: FrameKind,
+        phase: Phase,
         name: &str,
         site: &'static Location<'static>,
-    ) -> (u32, usize, u64) {
+    ) -> u32 {
         let key = ScopeKey {
             parent: self.top(),
             site: site_key(site),
-            kind: kind.0,
-            phase: phase.0,
+            kind,
+            phase,
         };
         let cached = self
             .scopes
             .get(&key)
             .and_then(|v| v.iter().find(|(n, _)| &**n == name))
             .map(|&(_, id)| id);
-        let stack = match cached {
+        match cached {
             Some(id) => id,
-            None => self.intern_scope(handle, key, kind, phase, name, site),
-        };
-        let serial = self.next_serial;
-        self.next_serial += 1;
-        let depth = self.open.len();
-        self.open.push(OpenScope { stack, serial });
-        (stack, depth, serial)
+            None => self.intern_site_scope(handle, key, name, site),
+        }
     }
 
     #[cold]
-    fn intern_scope(
+    fn intern_site_scope(
         &mut self,
         handle: &Handle,
         key: ScopeKey,
-        kind: fb::FrameKind,
-        phase: fb::Phase,
         name: &str,
         site: &'static Location<'static>,
     ) -> u32 {
-        let frame = handle.intern_frame(&Frame {
-            kind,
-            phase,
+        let frame = Frame {
+            kind: key.kind,
+            phase: key.phase,
             file: site.file().to_owned(),
             line: site.line(),
             name: name.to_owned(),
-        });
-        let stack = handle.intern_stack(key.parent, frame);
+        };
+        let stack = self.intern_scope(handle, key.parent, frame);
         self.scopes
             .entry(key)
             .or_default()
             .push((name.into(), stack));
-        self.names.entry(stack).or_insert_with(|| name.into());
+        stack
+    }
+
+    #[inline]
+    fn foreign_scope(
+        &mut self,
+        handle: &Handle,
+        kind: FrameKind,
+        phase: Phase,
+        name: &str,
+        file: &str,
+        line: u32,
+    ) -> u32 {
+        let key = ForeignScopeKey {
+            parent: self.top(),
+            line,
+            kind,
+            phase,
+        };
+        let cached = self
+            .foreign_scopes
+            .get(&key)
+            .and_then(|v| v.iter().find(|n| &*n.name == name && &*n.file == file))
+            .map(|n| n.stack);
+        match cached {
+            Some(id) => id,
+            None => self.intern_foreign_scope(handle, key, name, file),
+        }
+    }
+
+    #[cold]
+    fn intern_foreign_scope(
+        &mut self,
+        handle: &Handle,
+        key: ForeignScopeKey,
+        name: &str,
+        file: &str,
+    ) -> u32 {
+        let frame = Frame {
+            kind: key.kind,
+            phase: key.phase,
+            file: file.to_owned(),
+            line: key.line,
+            name: name.to_owned(),
+        };
+        let stack = self.intern_scope(handle, key.parent, frame);
+        self.foreign_scopes.entry(key).or_default().push(Named {
+            file: file.into(),
+            name: name.into(),
+            stack,
+        });
+        stack
+    }
+
+    #[cold]
+    fn intern_scope(&mut self, handle: &Handle, parent: u32, frame: Frame) -> u32 {
+        let id = handle.intern_frame(&frame);
+        let stack = handle.intern_stack(parent, id);
+        self.names
+            .entry(stack)
+            .or_insert(frame.name.into_boxed_str());
         stack
     }
 
@@ -223,8 +363,8 @@ impl Context {
     ) -> u32 {
         let name = self.names.get(&parent).map_or("<top>", |n| &**n);
         let frame = handle.intern_frame(&Frame {
-            kind: fb::FrameKind::Site,
-            phase: fb::Phase::None,
+            kind: FrameKind::Site,
+            phase: Phase::None,
             file: site.file().to_owned(),
             line: site.line(),
             name: name.to_owned(),
@@ -233,39 +373,107 @@ impl Context {
         self.sites.insert((parent, site_key(site)), stack);
         stack
     }
+
+    fn foreign_stack(
+        &mut self,
+        handle: &Handle,
+        frames: &[ForeignFrame<'_>],
+        under_scopes: bool,
+    ) -> u32 {
+        let mut parent = if under_scopes { self.top() } else { 0 };
+        for f in frames {
+            let cached = self
+                .foreign_frames
+                .get(&(parent, f.line))
+                .and_then(|v| {
+                    v.iter()
+                        .find(|n| &*n.file == f.file && &*n.name == f.function)
+                })
+                .map(|n| n.stack);
+            parent = match cached {
+                Some(id) => id,
+                None => self.intern_foreign_frame(handle, parent, f),
+            };
+        }
+        parent
+    }
+
+    #[cold]
+    fn intern_foreign_frame(&mut self, handle: &Handle, parent: u32, f: &ForeignFrame<'_>) -> u32 {
+        let frame = handle.intern_frame(&Frame {
+            kind: FrameKind::Foreign,
+            phase: Phase::None,
+            file: f.file.to_owned(),
+            line: f.line,
+            name: f.function.to_owned(),
+        });
+        let stack = handle.intern_stack(parent, frame);
+        self.foreign_frames
+            .entry((parent, f.line))
+            .or_default()
+            .push(Named {
+                file: f.file.into(),
+                name: f.function.into(),
+                stack,
+            });
+        stack
+    }
 }
 
-/// An open scope; closing it (dropping it) records it.
+/// An open scope entered with [`Handle::enter`]; give it back to [`Handle::exit`] to close it.
 ///
-/// Guards are meant to be dropped in reverse order of opening, which Rust's scoping does by
-/// itself. If one is dropped early (moved out and dropped by hand), it closes the scopes opened
-/// inside it too, as far as the stack is concerned: the next scope or allocation is attributed
-/// to the guard's parent. The inner guards still record their own event (with the stack they
-/// were opened with) when they drop, but no longer touch the stack, so a scope opened after the
-/// early drop is never popped by a stale guard.
+/// Plain data: it borrows nothing and may be stored anywhere (a Python object, a C struct of
+/// the same size, 40 bytes, `#[repr(C)]`). It is only valid on the thread and recorder that
+/// entered it; [`Handle::exit`] refuses it elsewhere, and refuses a second exit of a copy.
+#[must_use = "the scope stays open until the token is given to Handle::exit"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct ScopeToken {
+    recorder: u64,
+    context: u64,
+    serial: u64,
+    start: u64,
+    /// 0 when the scope could not be opened (thread exiting); then closing records nothing.
+    stack: u32,
+    depth: u32,
+}
+
+impl ScopeToken {
+    /// The interned stack whose innermost frame is this scope (0 if it could not be opened).
+    pub fn stack(&self) -> u32 {
+        self.stack
+    }
+}
+
+/// One frame of a foreign call stack, as a Python traceback gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignFrame<'a> {
+    pub file: &'a str,
+    pub line: u32,
+    pub function: &'a str,
+}
+
+/// An open scope; closing it (dropping it) records it. See the module documentation for what
+/// an out-of-order drop does.
 #[must_use = "the scope closes when the guard is dropped"]
 pub struct ScopeGuard<'h> {
     handle: &'h Handle,
-    /// 0 when the scope could not be opened (thread exiting); then dropping records nothing.
-    stack: u32,
-    depth: usize,
-    serial: u64,
-    start: u64,
+    token: ScopeToken,
     _not_send: PhantomData<*const ()>,
 }
 
 impl ScopeGuard<'_> {
     /// The interned stack whose innermost frame is this scope.
     pub fn stack(&self) -> u32 {
-        self.stack
+        self.token.stack
     }
 }
 
 impl std::fmt::Debug for ScopeGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ScopeGuard")
-            .field("stack", &self.stack)
-            .field("depth", &self.depth)
+            .field("stack", &self.token.stack)
+            .field("depth", &self.token.depth)
             .finish()
     }
 }
@@ -273,16 +481,14 @@ impl std::fmt::Debug for ScopeGuard<'_> {
 impl Drop for ScopeGuard<'_> {
     #[inline]
     fn drop(&mut self) {
-        if self.stack == 0 {
+        let t = &self.token;
+        if t.stack == 0 {
             return;
         }
-        let (depth, serial) = (self.depth, self.serial);
-        with_context(self.handle, |cx| {
-            if cx.open.get(depth).is_some_and(|o| o.serial == serial) {
-                cx.open.truncate(depth);
-            }
-        });
-        self.handle.record_scope(self.stack, self.start);
+        // A guard cannot be closed twice nor leave its thread, so its close cannot fail in a
+        // way that matters: an orphan forgotten past MAX_ORPHANS still records its event.
+        with_context(self.handle, |cx| cx.close(t.depth, t.serial));
+        self.handle.record_scope(t.stack, t.start);
     }
 }
 
@@ -291,72 +497,131 @@ impl Handle {
     #[track_caller]
     #[inline]
     pub fn function(&self, name: &str, phase: Phase) -> ScopeGuard<'_> {
-        self.open_scope(
-            fb::FrameKind::Function,
-            phase.into(),
-            name,
-            Location::caller(),
-        )
+        self.open_guard(FrameKind::Function, phase, name, Location::caller())
     }
 
     /// Opens a link scope (a Chainer `Link`'s forward; by convention `name` is its class name).
     #[track_caller]
     #[inline]
     pub fn link(&self, name: &str) -> ScopeGuard<'_> {
-        self.open_scope(
-            fb::FrameKind::Link,
-            fb::Phase::None,
-            name,
-            Location::caller(),
-        )
+        self.open_guard(FrameKind::Link, Phase::None, name, Location::caller())
     }
 
     /// Opens a user scope: any region worth a row in the reports (a training step, an update).
     #[track_caller]
     #[inline]
     pub fn scope(&self, name: &str) -> ScopeGuard<'_> {
-        self.open_scope(
-            fb::FrameKind::Scope,
-            fb::Phase::None,
-            name,
-            Location::caller(),
-        )
+        self.open_guard(FrameKind::Scope, Phase::None, name, Location::caller())
     }
 
     #[inline]
-    fn open_scope(
+    fn open_guard(
         &self,
-        kind: fb::FrameKind,
-        phase: fb::Phase,
+        kind: FrameKind,
+        phase: Phase,
         name: &str,
         site: &'static Location<'static>,
     ) -> ScopeGuard<'_> {
-        let (stack, depth, serial) =
-            with_context(self, |cx| cx.push(self, kind, phase, name, site)).unwrap_or((0, 0, 0));
-        // Read after the push so that interning on a cache miss is not billed to the scope.
-        let start = now_ticks();
+        let id = self.id();
+        let token = with_context(self, |cx| {
+            let stack = cx.site_scope(self, kind, phase, name, site);
+            cx.push(id, stack)
+        });
         ScopeGuard {
             handle: self,
-            stack,
-            depth,
-            serial,
-            start,
+            token: started(token),
             _not_send: PhantomData,
         }
     }
+
+    /// Opens a scope named `name`, opened at `file:line`, on this thread, for a caller that
+    /// cannot hold a guard (the Python package, the C ABI). Close it with [`Handle::exit`].
+    /// `phase` is what [`Handle::function`] takes; links and user scopes pass [`Phase::None`].
+    ///
+    /// Costs what a guard costs: after the first time a (parent, file, line, kind, phase, name)
+    /// is seen on this thread, no lock and no allocation.
+    #[inline]
+    pub fn enter(
+        &self,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> ScopeToken {
+        let id = self.id();
+        let token = with_context(self, |cx| {
+            let stack = cx.foreign_scope(self, kind.into(), phase, name, file, line);
+            cx.push(id, stack)
+        });
+        started(token)
+    }
+
+    /// Closes a scope opened by [`Handle::enter`] and records it. Closing out of order behaves
+    /// as guards do (see the module documentation).
+    ///
+    /// A token entered on another recorder ([`ScopeError::OtherRecorder`]) or another thread
+    /// ([`ScopeError::OtherThread`]), or already exited ([`ScopeError::NotOpen`]), is refused:
+    /// nothing is recorded and the open scopes are untouched.
+    #[inline]
+    pub fn exit(&self, token: ScopeToken) -> Result<(), ScopeError> {
+        if token.stack == 0 {
+            return Ok(());
+        }
+        if token.recorder != self.id() {
+            return Err(ScopeError::OtherRecorder);
+        }
+        with_context(self, |cx| {
+            if cx.owner != token.context {
+                return Err(ScopeError::OtherThread);
+            }
+            cx.close(token.depth, token.serial)
+        })
+        .unwrap_or(Err(ScopeError::OtherThread))?;
+        self.record_scope(token.stack, token.start);
+        Ok(())
+    }
+
+    /// The stack of scopes open on this thread for this recorder (0 when none): what a foreign
+    /// caller attributes an allocation to in "scopes" mode.
+    #[inline]
+    pub fn current_stack(&self) -> u32 {
+        with_context(self, |cx| cx.top()).unwrap_or(0)
+    }
+
+    /// The stack an allocation made at `site` gets: the open scopes plus a `Site` frame
+    /// `file:line:name`, named after the innermost open scope (`<top>` outside any scope), as
+    /// CuPy's line profile names a line after its function. Cached per (scopes, site), so a
+    /// repeat costs one hash probe or less.
+    #[inline]
+    pub fn site_stack(&self, site: &'static Location<'static>) -> u32 {
+        with_context(self, |cx| cx.site(self, site)).unwrap_or(0)
+    }
+
+    /// Interns a foreign call stack given outermost frame first (a Python traceback) as
+    /// [`FrameKind::Foreign`] frames, under the scopes open on this thread when `under_scopes`,
+    /// and returns the innermost stack id (the open scopes' stack, or 0, for no frames).
+    ///
+    /// Cached per thread frame by frame: a stack seen before costs one hash probe and a string
+    /// compare per frame, with no lock and no allocation; one that shares a prefix with a known
+    /// one interns only the new frames.
+    pub fn foreign_stack(&self, frames: &[ForeignFrame<'_>], under_scopes: bool) -> u32 {
+        with_context(self, |cx| cx.foreign_stack(self, frames, under_scopes)).unwrap_or(0)
+    }
 }
 
-/// The stack of scopes open on this thread for `handle`'s recorder (0 when none): what a
-/// foreign caller or a hook attributes work to.
-pub fn current_stack(handle: &Handle) -> u32 {
-    with_context(handle, |cx| cx.top()).unwrap_or(0)
-}
-
-/// The stack an allocation made at `site` gets: the open scopes plus a `Site` frame
-/// `file:line:name`, named after the innermost open scope (`<top>` outside any scope), as
-/// CuPy's line profile names a line after its function. Cached per (scopes, site), so a repeat
-/// costs one hash probe or less.
+/// Stamps the start time, read after the push so that interning on a cache miss is not billed
+/// to the scope. A scope that could not be opened gets an all-zero token (stack 0).
 #[inline]
-pub fn allocation_stack(handle: &Handle, site: &'static Location<'static>) -> u32 {
-    with_context(handle, |cx| cx.site(handle, site)).unwrap_or(0)
+fn started(token: Option<ScopeToken>) -> ScopeToken {
+    let mut token = token.unwrap_or(ScopeToken {
+        recorder: 0,
+        context: 0,
+        serial: 0,
+        start: 0,
+        stack: 0,
+        depth: 0,
+    });
+    token.start = now_ticks();
+    token
 }

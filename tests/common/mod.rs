@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use poolsight::analyzer::reader::DeviceDef;
 use poolsight::analyzer::{ChunkKind, Trace as Verified};
-use poolsight_recorder::fb;
+use poolsight::schema::fb;
 
 /// A fresh path under Cargo's per-test temporary directory.
 pub fn trace_path(name: &str) -> PathBuf {

@@ -9,9 +9,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use poolsight::recorder::device::HostDevice;
-use poolsight::recorder::pool::MemoryPool;
-use poolsight::recorder::{Phase, Recorder, RecorderConfig, TraceHook};
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Phase, Recorder, RecorderConfig};
 
 pub const NAMES: [&str; 4] = [
     "cupy_line_profile",

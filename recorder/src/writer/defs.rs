@@ -12,12 +12,13 @@ use poolsight_schema::{align8, fb};
 
 use super::chunk::{finish_chunk, write_sealed};
 use super::Shared;
+use crate::kinds::{FrameKind, Phase};
 
 /// A frame as the trace stores it: `file:line:name`, plus what opened it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Frame {
-    pub kind: fb::FrameKind,
-    pub phase: fb::Phase,
+    pub kind: FrameKind,
+    pub phase: Phase,
     pub file: String,
     pub line: u32,
     pub name: String,
@@ -36,7 +37,7 @@ pub struct DeviceInfo {
 #[derive(Default)]
 pub(crate) struct Interner {
     strings: HashMap<String, u32>,
-    frames: HashMap<(fb::FrameKind, fb::Phase, u32, u32, u32), u32>,
+    frames: HashMap<(FrameKind, Phase, u32, u32, u32), u32>,
     stacks: HashMap<(u32, u32), u32>,
     pending: Pending,
 }
@@ -80,9 +81,14 @@ impl Interner {
         }
         let id = self.frames.len() as u32 + 1;
         self.frames.insert(key, id);
-        self.pending
-            .frames
-            .push(fb::FrameDef::new(id, f.kind, f.phase, f.line, file, name));
+        self.pending.frames.push(fb::FrameDef::new(
+            id,
+            f.kind.into(),
+            f.phase.into(),
+            f.line,
+            file,
+            name,
+        ));
         id
     }
 

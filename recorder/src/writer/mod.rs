@@ -25,7 +25,8 @@ pub use defs::{DeviceInfo, Frame};
 pub use thread::MemRecord;
 
 use crate::clock::{self, Calibration};
-use crate::RecorderError;
+use crate::error::RecorderError;
+use crate::kinds::MarkKind;
 use chunk::{finish_chunk, write_sealed, Stream, Template};
 use file::{MappedFile, Region};
 
@@ -283,6 +284,14 @@ impl Drop for Recorder {
 
 impl Handle {
     /// Records one memory event on this thread.
+    ///
+    /// This is also the entry point for observers of allocators other than poolsight's pool
+    /// (PyTorch's caching allocator, a CuPy `MemoryHook`): the reports need, per allocation, a
+    /// `MallocPost` (address, requested size, stack, an id), per free a `FreePost` (same address
+    /// and device, the size the allocation was accounted with), and, when the observer sees
+    /// the allocator take memory from the device or give it back, `AllocPost` and `Release`.
+    /// The stack comes from [`Handle::current_stack`], [`Handle::foreign_stack`] or
+    /// [`Handle::intern_frames`].
     #[inline]
     pub fn record_mem(&self, r: MemRecord) {
         thread::with_writer(&self.shared, |w| w.mem(&r));
@@ -296,7 +305,7 @@ impl Handle {
     }
 
     /// Records a rare event (epoch boundary, CPU sample) with an absolute timestamp.
-    pub fn record_mark(&self, kind: fb::MarkKind, aux: u32, a: u64, b: u64) {
+    pub fn record_mark(&self, kind: MarkKind, aux: u32, a: u64, b: u64) {
         thread::with_writer(&self.shared, |w| w.mark(kind, aux, a, b));
     }
 

@@ -15,6 +15,7 @@ use poolsight_schema::{align8, fb};
 use super::chunk::{OpenChunk, Stream};
 use super::Shared;
 use crate::clock;
+use crate::kinds::{MarkKind, MemKind};
 
 pub(crate) struct ThreadWriter {
     shared: Arc<Shared>,
@@ -30,9 +31,7 @@ impl ThreadWriter {
             .name()
             .map(str::to_owned)
             .unwrap_or_else(|| format!("{:?}", current.id()));
-        // SAFETY: gettid has no preconditions.
-        let os_tid = unsafe { libc::gettid() } as u64;
-        shared.define_thread(thread, os_tid, &name);
+        shared.define_thread(thread, os_tid(), &name);
         ThreadWriter {
             shared,
             thread,
@@ -104,7 +103,7 @@ impl ThreadWriter {
         }
         let ev = fb::MemEvent::new(
             delta as u32,
-            r.kind,
+            r.kind.into(),
             r.device,
             r.stream,
             r.ptr,
@@ -131,12 +130,12 @@ impl ThreadWriter {
         c.push(&ev.0);
     }
 
-    pub fn mark(&mut self, kind: fb::MarkKind, aux: u32, a: u64, b: u64) {
+    pub fn mark(&mut self, kind: MarkKind, aux: u32, a: u64, b: u64) {
         let now = clock::ticks();
         let Some(c) = self.chunk(Stream::Mark, 1, now) else {
             return self.shared.count_dropped(1);
         };
-        c.push(&fb::MarkEvent::new(now, kind, aux, a, b).0);
+        c.push(&fb::MarkEvent::new(now, kind.into(), aux, a, b).0);
     }
 }
 
@@ -150,16 +149,55 @@ impl Drop for ThreadWriter {
     }
 }
 
-/// One memory event, as the pool's hooks describe it (see `MemEvent` in trace.fbs).
+/// The thread id the OS shows (`top -H`, `perf`), to name the thread in reports.
+#[cfg(target_os = "linux")]
+fn os_tid() -> u64 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::gettid() as u64 }
+}
+
+/// Other systems have no portable numeric thread id; the trace's own thread ids and names
+/// still tell threads apart.
+#[cfg(not(target_os = "linux"))]
+fn os_tid() -> u64 {
+    0
+}
+
+/// One memory event (see `MemEvent` in trace.fbs for what each field holds per kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemRecord {
-    pub kind: fb::MemKind,
+    pub kind: MemKind,
     pub device: u8,
+    /// The stream (arena) id; 0 is the default stream.
     pub stream: u16,
+    /// Address (0 when an allocation failed).
     pub ptr: u64,
+    /// `Malloc*`: the requested size; `Alloc*`, `Free*`: the size accounted; other kinds: see
+    /// [`MemKind`].
     pub bytes: u64,
+    /// `Malloc*`, `Alloc*`: the interned stack of the allocation; else 0.
     pub stack: u32,
+    /// The allocation's id (the low 32 bits are kept), pairing a free with its malloc; 0 on
+    /// error.
     pub pmem: u32,
+}
+
+impl MemRecord {
+    /// An event of `kind` with the other fields zeroed, for struct-update syntax. The format
+    /// stores devices in a byte and streams in 16 bits: larger ids saturate rather than alias
+    /// another device or stream.
+    #[inline]
+    pub fn new(kind: MemKind, device: u32, stream: u32) -> MemRecord {
+        MemRecord {
+            kind,
+            device: device.min(u8::MAX as u32) as u8,
+            stream: stream.min(u16::MAX as u32) as u16,
+            ptr: 0,
+            bytes: 0,
+            stack: 0,
+            pmem: 0,
+        }
+    }
 }
 
 /// The writers of this thread, most recently used first; usually exactly one.

@@ -1,14 +1,14 @@
 //! Pool malloc+free round trips: without hooks, with a do-nothing hook, and with the TraceHook
-//! (SPEC 6: the TraceHook adds <= 30 ns per pair). `cargo bench -p poolsight-recorder --bench pool`.
+//! (SPEC 6: the TraceHook adds <= 30 ns per pair). `cargo bench -p poolsight-pool --bench pool`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use poolsight_recorder::device::HostDevice;
-use poolsight_recorder::hooks::{self, MemoryHook};
-use poolsight_recorder::pool::MemoryPool;
-use poolsight_recorder::{Mode, Recorder, RecorderConfig, TraceHook};
+use poolsight_pool::device::HostDevice;
+use poolsight_pool::hooks::{self, MemoryHook};
+use poolsight_pool::{MemoryPool, TraceHook};
+use poolsight_recorder::{Mode, Recorder, RecorderConfig};
 
 struct NoOp;
 impl MemoryHook for NoOp {}

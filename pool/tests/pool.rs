@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use poolsight_recorder::device::HostDevice;
-use poolsight_recorder::hooks::{self, AllocPre, MemoryHook, OutOfMemory, Release};
-use poolsight_recorder::pool::{round_size, MemoryPool, PoolError, ALLOCATION_UNIT_SIZE};
+use poolsight_pool::device::HostDevice;
+use poolsight_pool::hooks::{self, AllocPre, MemoryHook, OutOfMemory, Release};
+use poolsight_pool::{round_size, MemoryPool, PoolError, ALLOCATION_UNIT_SIZE};
 
 const MIB: u64 = 1 << 20;
 
@@ -485,7 +485,7 @@ fn concurrent_malloc_free_keeps_books_straight() {
 #[cfg(feature = "cuda")]
 #[test]
 fn cuda_device_without_driver_is_an_error_not_a_panic() {
-    use poolsight_recorder::device::{CudaDevice, DeviceError};
+    use poolsight_pool::device::{CudaDevice, DeviceError};
     // SAFETY: probing a library name; the handle is closed at once.
     let driver_present = [c"libcuda.so.1", c"libcuda.so"].iter().any(|lib| unsafe {
         let h = libc::dlopen(lib.as_ptr(), libc::RTLD_LAZY);

@@ -3,7 +3,7 @@
 //!
 //! The trait is deliberately the smallest surface a caching pool needs: raw allocation, raw free
 //! and host transfers. Everything clever (rounding, caching, splitting) lives in
-//! [`crate::pool`], once, instead of in each backend.
+//! [`crate::MemoryPool`], once, instead of in each backend.
 
 pub mod host;
 

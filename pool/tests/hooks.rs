@@ -5,12 +5,12 @@ use std::io::Write;
 use std::panic::Location;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use poolsight_recorder::device::{Device, DeviceError, HostDevice};
-use poolsight_recorder::hooks::{
+use poolsight_pool::device::{Device, DeviceError, HostDevice};
+use poolsight_pool::hooks::{
     self, AllocPost, AllocPre, DebugPrintHook, FreeInfo, LimitSet, MallocPost, MallocPre,
     MemoryHook, OutOfMemory, Release,
 };
-use poolsight_recorder::pool::{MemoryPool, PoolError};
+use poolsight_pool::{MemoryPool, PoolError};
 
 /// Tests that register global hooks, or assert that none are registered, take this lock, since
 /// all tests of this file share one process.
@@ -605,7 +605,7 @@ struct Reentrant {
     pool: MemoryPool,
     inner: Arc<Recorder>,
     depth: Mutex<u32>,
-    kept: Mutex<Vec<poolsight_recorder::pool::PooledMemory>>,
+    kept: Mutex<Vec<poolsight_pool::PooledMemory>>,
 }
 
 impl MemoryHook for Reentrant {

@@ -2,19 +2,18 @@
 //!
 //! What goes into each event's fields is fixed by `MemKind` in schema/trace.fbs; this file is
 //! the one place that maps the pool's hook arguments onto it. Allocations carry the stack of the
-//! scopes open on the calling thread plus the call site (see [`crate::scope`]), which is what
+//! scopes open on the calling thread plus the call site ([`Handle::site_stack`]), which is what
 //! the line and function reports are built from.
 
 use std::sync::{Arc, Mutex};
 
-use crate::fb;
+use poolsight_recorder::{DeviceInfo, Handle, MemKind, MemRecord};
+
 use crate::hooks::{
     self, AllocPost, AllocPre, FreeInfo, GlobalHookGuard, HookGuard, LimitSet, MallocPost,
     MallocPre, MemoryHook, OutOfMemory, Release,
 };
-use crate::pool::{MemoryPool, ALLOCATION_UNIT_SIZE};
-use crate::scope::allocation_stack;
-use crate::writer::{DeviceInfo, Handle, MemRecord};
+use crate::memory_pool::{MemoryPool, ALLOCATION_UNIT_SIZE};
 
 /// Writes the pool's hook events into a recorder's trace.
 ///
@@ -100,22 +99,6 @@ pub fn define_pool_device(handle: &Handle, pool: &MemoryPool) {
     });
 }
 
-/// An event with everything but the kind, device and stream zeroed, for struct-update syntax.
-#[inline]
-fn event(kind: fb::MemKind, device: u32, stream: u32) -> MemRecord {
-    MemRecord {
-        kind,
-        // The format stores devices in a byte and streams in 16 bits; larger ids saturate
-        // rather than alias another device or stream.
-        device: device.min(u8::MAX as u32) as u8,
-        stream: stream.min(u16::MAX as u32) as u16,
-        ptr: 0,
-        bytes: 0,
-        stack: 0,
-        pmem: 0,
-    }
-}
-
 /// The format keeps the low 32 bits of a pmem id: enough to pair a free with its malloc among
 /// the allocations alive at once.
 #[inline]
@@ -132,8 +115,8 @@ impl MemoryHook for TraceHook {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
                 bytes: i.size,
-                stack: allocation_stack(&self.handle, i.caller),
-                ..event(fb::MemKind::MallocPre, i.device_id, i.stream)
+                stack: self.handle.site_stack(i.caller),
+                ..MemRecord::new(MemKind::MallocPre, i.device_id, i.stream)
             });
         }
     }
@@ -142,9 +125,9 @@ impl MemoryHook for TraceHook {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
             bytes: i.size,
-            stack: allocation_stack(&self.handle, i.caller),
+            stack: self.handle.site_stack(i.caller),
             pmem: low32(i.pmem_id),
-            ..event(fb::MemKind::MallocPost, i.device_id, i.stream)
+            ..MemRecord::new(MemKind::MallocPost, i.device_id, i.stream)
         });
     }
 
@@ -152,8 +135,8 @@ impl MemoryHook for TraceHook {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
                 bytes: i.mem_size,
-                stack: allocation_stack(&self.handle, i.caller),
-                ..event(fb::MemKind::AllocPre, i.device_id, i.stream)
+                stack: self.handle.site_stack(i.caller),
+                ..MemRecord::new(MemKind::AllocPre, i.device_id, i.stream)
             });
         }
     }
@@ -162,25 +145,25 @@ impl MemoryHook for TraceHook {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
             bytes: i.mem_size,
-            stack: allocation_stack(&self.handle, i.caller),
-            ..event(fb::MemKind::AllocPost, i.device_id, i.stream)
+            stack: self.handle.site_stack(i.caller),
+            ..MemRecord::new(MemKind::AllocPost, i.device_id, i.stream)
         });
     }
 
     fn free_preprocess(&self, i: &FreeInfo) {
         if self.pre_events {
-            self.handle.record_mem(free_event(fb::MemKind::FreePre, i));
+            self.handle.record_mem(free_event(MemKind::FreePre, i));
         }
     }
 
     fn free_postprocess(&self, i: &FreeInfo) {
-        self.handle.record_mem(free_event(fb::MemKind::FreePost, i));
+        self.handle.record_mem(free_event(MemKind::FreePost, i));
     }
 
     fn release(&self, i: &Release) {
         self.handle.record_mem(MemRecord {
             bytes: i.bytes,
-            ..event(fb::MemKind::Release, i.device_id, i.stream)
+            ..MemRecord::new(MemKind::Release, i.device_id, i.stream)
         });
     }
 
@@ -188,24 +171,24 @@ impl MemoryHook for TraceHook {
         self.handle.record_mem(MemRecord {
             ptr: i.total,
             bytes: i.requested,
-            ..event(fb::MemKind::OutOfMemory, i.device_id, i.stream)
+            ..MemRecord::new(MemKind::OutOfMemory, i.device_id, i.stream)
         });
     }
 
     fn limit_set(&self, i: &LimitSet) {
         self.handle.record_mem(MemRecord {
             bytes: i.limit,
-            ..event(fb::MemKind::LimitSet, i.device_id, 0)
+            ..MemRecord::new(MemKind::LimitSet, i.device_id, 0)
         });
     }
 }
 
 #[inline]
-fn free_event(kind: fb::MemKind, i: &FreeInfo) -> MemRecord {
+fn free_event(kind: MemKind, i: &FreeInfo) -> MemRecord {
     MemRecord {
         ptr: i.mem_ptr,
         bytes: i.mem_size,
         pmem: low32(i.pmem_id),
-        ..event(kind, i.device_id, i.stream)
+        ..MemRecord::new(kind, i.device_id, i.stream)
     }
 }

@@ -1,0 +1,21 @@
+//! poolsight's memory pool: a caching device-memory pool faithful to CuPy's, over a host or CUDA
+//! device, with CuPy's `MemoryHook` callbacks around every step.
+//!
+//! - [`MemoryPool`] (CuPy's `SingleDeviceMemoryPool`): rounding, best-fit bins, split and
+//!   merge, per-stream arenas, limit and out-of-memory retry;
+//! - [`device`]: the backends, [`device::HostDevice`] (simulated memory with a capacity) and,
+//!   with the `cuda` feature, `device::CudaDevice`;
+//! - [`hooks`]: the [`hooks::MemoryHook`] trait, per-thread and process-wide registration,
+//!   [`hooks::DebugPrintHook`];
+//! - [`TraceHook`]: the hook that writes pool events into a `poolsight-recorder` trace.
+//!
+//! The pool knows nothing of the trace format: only [`TraceHook`] talks to the recorder, through
+//! its public API, as any other allocator's observer would.
+
+pub mod device;
+pub mod hooks;
+mod memory_pool;
+mod trace_hook;
+
+pub use memory_pool::{round_size, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE};
+pub use trace_hook::{define_pool_device, TraceHook};
