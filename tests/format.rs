@@ -450,7 +450,7 @@ fn foreign_and_future_files_are_refused_clearly() {
     bytes[8] = 9; // major version 9
     std::fs::write(&path, &bytes).unwrap();
     let msg = Trace::open(&path).err().unwrap().to_string();
-    assert!(msg.contains("format 9.0 is not supported"), "{msg}");
+    assert!(msg.contains("format 9.1 is not supported"), "{msg}");
 
     let missing = Trace::open(tmp("does-not-exist.pstrace"))
         .err()
@@ -598,7 +598,7 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     std::fs::write(&future, &bytes).unwrap();
     for (path, needle) in [
         (&foreign, "not a poolsight trace"),
-        (&future, "format 2.0 is not supported"),
+        (&future, "format 2.1 is not supported"),
     ] {
         let out = std::process::Command::new(bin)
             .arg("info")
@@ -640,5 +640,5 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
         assert!(json.get(key).is_some(), "missing key {key}");
     }
     assert_eq!(json["events"]["malloc_post"], 300);
-    assert_eq!(json["format_version"], "1.0");
+    assert_eq!(json["format_version"], "1.1");
 }
