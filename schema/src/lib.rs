@@ -24,6 +24,8 @@
 #[path = "generated/mod.rs"]
 mod generated;
 
+/// The FlatBuffers runtime the generated code is pinned to, for building buffers by hand.
+pub use flatbuffers;
 /// The flatc-generated types (`Chunk`, `MemEvent`, ...).
 pub use generated::poolsight::fb;
 
