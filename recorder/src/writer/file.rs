@@ -87,10 +87,12 @@ pub(crate) struct Region {
 impl MappedFile {
     /// Creates (truncating) the file and maps it. `fixed_len` bytes from offset 0 (prelude,
     /// header, footer slot and the ring, if any) are preallocated at once. The file never grows
-    /// past `max_bytes` nor past the process's file size limit.
+    /// past `max_bytes` nor past the process's file size limit, and creating it fails when
+    /// that cap leaves no room for the fixed part and one chunk of `chunk_len` bytes.
     pub fn create(
         path: &Path,
         fixed_len: u64,
+        chunk_len: u64,
         ring: Option<(u64, u64, u64)>,
         max_bytes: u64,
     ) -> Result<MappedFile, RecorderError> {
@@ -104,21 +106,22 @@ impl MappedFile {
             _ => (max_bytes, SizeCap::Config),
         };
         if fixed_len > max_bytes {
-            return Err(match cap {
-                SizeCap::Config => RecorderError::Config(format!(
-                    "the fixed part of the trace ({fixed_len} bytes) exceeds max_bytes ({max_bytes})"
-                )),
-                SizeCap::FileSizeLimit => err(
+            return Err(RecorderError::Config(format!(
+                "the fixed part of the trace ({fixed_len} bytes) exceeds max_bytes ({max_bytes})"
+            )));
+        }
+        let first_len = fixed_len + chunk_len;
+        if cap == SizeCap::FileSizeLimit && first_len > max_bytes {
+            return Err(err(
                     "create",
                     std::io::Error::new(
                         std::io::ErrorKind::FileTooLarge,
                         format!(
                             "the process's file size limit (RLIMIT_FSIZE, ulimit -f) is {max_bytes} bytes, \
-                             but the header, footer slot and ring need {fixed_len}"
+                             but the header, footer slot, ring and a first chunk need {first_len}"
                         ),
                     ),
-                ),
-            });
+                ));
         }
         let file = File::options()
             .read(true)
@@ -296,9 +299,13 @@ impl MappedFile {
         }
     }
 
-    /// Stops all further reservations and returns the end of the bump region.
+    /// Stops all further reservations and returns the end of the bump region. A reservation
+    /// that failed to grow the file still moved the bump counter, past the committed length; no
+    /// byte past that length was written, so the data ends there at most.
     pub fn close(&self) -> u64 {
-        self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+        let bump = self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        let _guard = self.grow_step.lock();
+        bump.min(self.committed.load(Ordering::Acquire))
     }
 
     /// Flushes the mapping and trims the preallocated tail past `data_end`.

@@ -183,7 +183,7 @@ impl Recorder {
                 )
             }
         };
-        let file = MappedFile::create(path, fixed_len, ring, config.max_bytes)?;
+        let file = MappedFile::create(path, fixed_len, chunk_len, ring, config.max_bytes)?;
         file.write_at(0, &header_region(data_offset, &header));
         let footer = Region {
             offset: data_offset,
