@@ -65,6 +65,8 @@ enum SizeCap {
 }
 
 /// The process's soft file size limit in bytes, `None` when unlimited.
+// `rlim_t` is not `u64` on every Unix.
+#[allow(clippy::unnecessary_cast)]
 fn file_size_limit() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
