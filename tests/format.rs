@@ -454,7 +454,7 @@ fn foreign_and_future_files_are_refused_clearly() {
     bytes[8] = 9; // major version 9
     std::fs::write(&path, &bytes).unwrap();
     let msg = Trace::open(&path).err().unwrap().to_string();
-    assert!(msg.contains("format 9.0 is not supported"), "{msg}");
+    assert!(msg.contains("format 9.1 is not supported"), "{msg}");
 
     let missing = Trace::open(tmp("does-not-exist.pstrace"))
         .err()
@@ -501,6 +501,140 @@ fn a_full_file_stops_recording_and_counts_what_it_drops() {
         "every event is either in the file or counted as dropped"
     );
     assert_eq!(trace.footer.unwrap().dropped_events, summary.dropped_events);
+}
+
+/// The layout docs/format.md describes: header checksum before `data_offset`, the footer slot at
+/// `data_offset`, the ring slots right after it, `align8(chunk_size)` bytes apart.
+#[test]
+fn footer_slot_and_ring_slots_sit_where_the_format_says() {
+    use poolsight::schema::{align8, header_crc, Prelude, HEADER_CRC_LEN};
+    let path = tmp("layout.pstrace");
+    let slots = 4u32;
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            mode: Mode::Ring { slots },
+            ..small_config()
+        },
+    )
+    .unwrap();
+    let h = rec.handle();
+    for i in 0..2_000u64 {
+        h.record_mem(mem(MemKind::MallocPost, i, 512));
+    }
+    rec.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let data_offset = Prelude::decode(&bytes).unwrap().data_offset as usize;
+    assert_eq!(data_offset % 8, 0);
+    let crc_at = data_offset - HEADER_CRC_LEN;
+    assert_eq!(
+        u32::from_le_bytes(bytes[crc_at..data_offset].try_into().unwrap()),
+        header_crc(&bytes[..crc_at])
+    );
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    let footer = trace
+        .chunks
+        .iter()
+        .find(|c| c.kind == ChunkKind::Footer)
+        .unwrap();
+    assert_eq!(footer.offset, data_offset as u64);
+    assert_eq!((footer.seq, footer.sealed), (0, true));
+    let ring_start = align8(footer.offset + footer.len as u64);
+    let slot_len = align8(4096);
+    let mut ring: Vec<u64> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mem)
+        .map(|c| c.offset)
+        .collect();
+    ring.sort();
+    let want: Vec<u64> = (0..slots as u64)
+        .map(|i| ring_start + i * slot_len)
+        .collect();
+    assert_eq!(ring, want);
+    // The footer counts every chunk reserved, itself excluded; seqs are 1..=chunks.
+    let f = trace.footer.unwrap();
+    let max_seq = trace.chunks.iter().map(|c| c.seq).max().unwrap();
+    assert_eq!(f.chunks, max_seq);
+}
+
+/// Not a test: the child of `the_file_size_limit_is_a_size_cap`, run with `--ignored`, the
+/// limit set by itself, the trace path and the case in the environment.
+#[test]
+#[ignore = "child process of the RLIMIT_FSIZE test"]
+fn fsize_child_entry() {
+    let path = std::env::var_os("POOLSIGHT_FSIZE_CHILD").expect("run by the RLIMIT_FSIZE test");
+    let limit: u64 = std::env::var("POOLSIGHT_FSIZE_LIMIT")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let lim = libc::rlimit {
+        rlim_cur: limit as libc::rlim_t,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit on this (child) process with a struct we own.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &lim) }, 0);
+    match Recorder::create(PathBuf::from(path), small_config()) {
+        Err(e) => println!("create error: {e}"),
+        Ok(rec) => {
+            let h = rec.handle();
+            for i in 0..100_000u64 {
+                h.record_mem(mem(MemKind::MallocPost, i, 512));
+            }
+            let s = rec.finish().unwrap();
+            println!("dropped {}", s.dropped_events);
+        }
+    }
+}
+
+#[test]
+fn the_file_size_limit_is_a_size_cap() {
+    let run = |name: &str, limit: u64| {
+        let path = tmp(name);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "fsize_child_entry",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("POOLSIGHT_FSIZE_CHILD", &path)
+            .env("POOLSIGHT_FSIZE_LIMIT", limit.to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "the child died ({:?}): {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (path, stdout)
+    };
+    // 256 KiB: room for the start, not for 100 000 events (3.2 MB).
+    let (path, stdout) = run("fsize.pstrace", 256 << 10);
+    // The test harness prints "test fsize_child_entry ... " on the same line.
+    let dropped: u64 = stdout
+        .split("dropped ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .parse()
+        .unwrap();
+    assert!(dropped > 0);
+    assert!(std::fs::metadata(&path).unwrap().len() <= 256 << 10);
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert_eq!(trace.footer.unwrap().dropped_events, dropped);
+    assert_eq!(all_mem(&trace).len() as u64 + dropped, 100_000);
+    // 1 KiB: not even the header fits; create says so.
+    let (_, stdout) = run("fsize-tiny.pstrace", 1024);
+    assert!(
+        stdout.contains("create error") && stdout.contains("RLIMIT_FSIZE"),
+        "{stdout}"
+    );
 }
 
 mod fuzz {
@@ -602,7 +736,7 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     std::fs::write(&future, &bytes).unwrap();
     for (path, needle) in [
         (&foreign, "not a poolsight trace"),
-        (&future, "format 2.0 is not supported"),
+        (&future, "format 2.1 is not supported"),
     ] {
         let out = std::process::Command::new(bin)
             .arg("info")
@@ -644,5 +778,5 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
         assert!(json.get(key).is_some(), "missing key {key}");
     }
     assert_eq!(json["events"]["malloc_post"], 300);
-    assert_eq!(json["format_version"], "1.0");
+    assert_eq!(json["format_version"], "1.1");
 }

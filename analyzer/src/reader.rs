@@ -5,16 +5,23 @@
 //! version this reader does not know, is an error. Nothing allocates by a size read from the
 //! file: the index holds one small entry per chunk that actually exists.
 //!
-//! Walk order: the footer slot at `data_offset`, then (ring mode) the ring slots, then chunks
-//! one after another until the end of the file. Zero bytes where a chunk should start are space
-//! that was reserved but never written; the walk skips to the next non-zero word.
+//! The layout and the rules checked here are those of docs/format.md. Walk order: the footer slot
+//! at `data_offset`, then (ring mode) the ring slots, then chunks one after another until the end
+//! of the file. Zero bytes where a chunk should start are space that was reserved but never
+//! written; the walk skips to the next non-zero word. Where a chunk should start but none does
+//! (a damaged size prefix, a cut), the walk warns and resumes at the next offset that starts a
+//! chunk, so one damaged chunk hides nothing else. Every count read from the file is bounded by
+//! the file's size, and every offset sum is checked.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use poolsight_schema::{chunk_crc, fb, meta_offset, Prelude, PreludeError, PRELUDE_LEN};
+use poolsight_schema::{
+    align8, chunk_crc, crc_covers_size_prefix, fb, header_crc, meta_offset, Prelude, PreludeError,
+    HEADER_CRC_LEN, HEADER_CRC_MINOR, PRELUDE_LEN,
+};
 use rayon::prelude::*;
 
 /// Why a file could not be read at all.
@@ -195,19 +202,22 @@ impl Trace {
             path: path.clone(),
             source,
         })?;
-        let header = read_header(data, &prelude).map_err(|(offset, what)| ReadError::Header {
-            path: path.clone(),
-            offset,
-            what,
-        })?;
         let mut warnings = Vec::new();
+        let header = read_header(data, &prelude, &mut warnings).map_err(|(offset, what)| {
+            ReadError::Header {
+                path: path.clone(),
+                offset,
+                what,
+            }
+        })?;
         let spans = walk(&map, prelude.data_offset as u64, &header, &mut warnings);
-        let results: Vec<Result<ChunkInfo, Warning>> = windows(&spans, |&(off, len)| (off, len))
+        let minor = prelude.minor;
+        let results: Vec<Result<Verified, Warning>> = windows(&spans, |&(off, len)| (off, len))
             .par_iter()
             .flat_map_iter(|w| {
                 let out: Vec<_> = w
                     .iter()
-                    .map(|&&(off, len)| verify_chunk(data, off, len))
+                    .map(|&&(off, len)| verify_chunk(data, off, len, minor))
                     .collect();
                 release_window(&map, w.iter().map(|&&(off, len)| (off, len)));
                 out
@@ -216,7 +226,10 @@ impl Trace {
         let mut chunks = Vec::with_capacity(results.len());
         for r in results {
             match r {
-                Ok(c) => chunks.push(c),
+                Ok(v) => {
+                    chunks.push(v.info);
+                    warnings.extend(v.warning);
+                }
                 Err(w) => warnings.push(w),
             }
         }
@@ -231,6 +244,9 @@ impl Trace {
             warnings,
         };
         trace.load_defs_and_footer();
+        if trace.header.ring.is_none() {
+            check_seqs(&trace.chunks, trace.footer.as_ref(), &mut trace.warnings);
+        }
         Ok(trace)
     }
 
@@ -379,8 +395,9 @@ impl Trace {
         })
     }
 
-    /// Nanoseconds since the trace started for a tick value. Uses both calibration points when
-    /// the footer exists, else the rate measured at start.
+    /// Nanoseconds since the trace started for a tick value, rounded down; ticks before the
+    /// start count as 0. Uses both calibration points when the run finished (a sealed footer),
+    /// else the rate measured at start (docs/format.md, "Timestamps").
     pub fn ns_since_start(&self, ticks: u64) -> u64 {
         let h = &self.header;
         let dt = ticks.saturating_sub(h.ticks0) as f64;
@@ -484,10 +501,16 @@ fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
     }
 }
 
-fn read_header(data: &[u8], prelude: &Prelude) -> Result<Header, (u64, String)> {
+fn read_header(
+    data: &[u8],
+    prelude: &Prelude,
+    warnings: &mut Vec<Warning>,
+) -> Result<Header, (u64, String)> {
     let start = PRELUDE_LEN;
     let data_offset = prelude.data_offset as usize;
-    if data_offset > data.len() || data_offset < start + 4 || data_offset % 8 != 0 {
+    let with_crc = prelude.minor >= HEADER_CRC_MINOR;
+    let crc_len = if with_crc { HEADER_CRC_LEN } else { 0 };
+    if data_offset > data.len() || data_offset < start + 4 + crc_len || data_offset % 8 != 0 {
         return Err((
             12,
             format!(
@@ -497,24 +520,41 @@ fn read_header(data: &[u8], prelude: &Prelude) -> Result<Header, (u64, String)> 
             ),
         ));
     }
-    let size = u32::from_le_bytes(data[start..start + 4].try_into().unwrap_or_default()) as usize;
-    if start + 4 + size > data_offset {
+    let header_end = data_offset - crc_len;
+    if with_crc {
+        let stored =
+            u32::from_le_bytes(data[header_end..data_offset].try_into().unwrap_or_default());
+        if header_crc(&data[..header_end]) != stored {
+            warnings.push(Warning {
+                offset: header_end as u64,
+                what: "header checksum mismatch: the header was damaged after it was written; its clock calibration, devices and layout fields may be wrong".into(),
+                torn: false,
+            });
+        }
+    }
+    let size = u32::from_le_bytes(data[start..start + 4].try_into().unwrap_or_default()) as u64;
+    let room = (header_end - start - 4) as u64;
+    if size > room {
+        return Err((
+            start as u64,
+            format!("header claims {size} bytes but only {room} fit before the data"),
+        ));
+    }
+    let buf = &data[start..start + 4 + size as usize];
+    if buf.len() < MIN_PREFIXED_LEN || !fb::header_size_prefixed_buffer_has_identifier(buf) {
+        return Err((start as u64, "missing header identifier \"PSTH\"".into()));
+    }
+    let h = fb::size_prefixed_root_as_header_with_opts(&VERIFIER, buf)
+        .map_err(|e| (start as u64, format!("header does not verify: {e}")))?;
+    if h.mode() == fb::Mode::Ring && align8(h.chunk_size() as u64) < MIN_CHUNK_LEN {
         return Err((
             start as u64,
             format!(
-                "header claims {size} bytes but only {} fit before the data",
-                data_offset - start - 4
+                "ring mode with chunk_size {} bytes: no ring slot can hold a chunk",
+                h.chunk_size()
             ),
         ));
     }
-    let buf = &data[start..start + 4 + size];
-    if buf.len() < MIN_PREFIXED_LEN
-        || !flatbuffers::buffer_has_identifier(buf, poolsight_schema::HEADER_IDENTIFIER, true)
-    {
-        return Err((start as u64, "missing header identifier \"PSTH\"".into()));
-    }
-    let h = flatbuffers::size_prefixed_root_with_opts::<fb::Header>(&VERIFIER, buf)
-        .map_err(|e| (start as u64, format!("header does not verify: {e}")))?;
     let clock = h.clock().copied().unwrap_or_default();
     Ok(Header {
         format_major: prelude.major,
@@ -544,6 +584,9 @@ fn read_header(data: &[u8], prelude: &Prelude) -> Result<Header, (u64, String)> 
     })
 }
 
+/// The smallest chunk: size prefix, root offset, identifier, and a `ChunkMeta` (32 bytes).
+const MIN_CHUNK_LEN: u64 = 48;
+
 /// Finds every chunk's (offset, length incl. prefix) without trusting anything but bounds.
 fn walk(
     map: &Mmap,
@@ -552,88 +595,103 @@ fn walk(
     warnings: &mut Vec<Warning>,
 ) -> Vec<(u64, u32)> {
     let data: &[u8] = map;
+    let end = data.len() as u64;
+    let mut spans = Vec::new();
+    let mut off = match frame_at(data, data_offset) {
+        Frame::Chunk(len) => {
+            spans.push((data_offset, len));
+            align8(data_offset + len as u64)
+        }
+        other => {
+            let next = resync(data, data_offset + 8);
+            warnings.push(Warning {
+                offset: data_offset,
+                what: format!(
+                    "the footer slot {}: whether the run finished is unknown; reading resumes at offset {next}",
+                    other.describe(data_offset, end)
+                ),
+                torn: true,
+            });
+            next
+        }
+    };
+    if let Some(slots) = header.ring {
+        // read_header refused slots too small to hold a chunk, so the loop below is bounded by
+        // the file's size however large `slots` claims to be.
+        let slot_len = align8(header.chunk_size as u64);
+        let fit = end.saturating_sub(off) / slot_len;
+        if slots as u64 > fit {
+            warnings.push(Warning {
+                offset: off,
+                what: format!(
+                    "the header declares {slots} ring slots of {slot_len} bytes but only {fit} fit in the file: it was truncated or its header is damaged"
+                ),
+                torn: true,
+            });
+        }
+        let slots = (slots as u64).min(fit);
+        for i in 0..slots {
+            let at = off + i * slot_len;
+            match frame_at(data, at) {
+                Frame::Chunk(len) if len as u64 <= slot_len => spans.push((at, len)),
+                Frame::Zero => {}
+                other => warnings.push(Warning {
+                    offset: at,
+                    what: format!(
+                        "ring slot {i} does not hold a whole chunk ({}); skipped",
+                        match other {
+                            Frame::Chunk(len) => format!("a chunk of {len} bytes overflows it"),
+                            other => other.describe(at, end),
+                        }
+                    ),
+                    torn: true,
+                }),
+            }
+        }
+        off += slots * slot_len;
+    }
     // Reading one size prefix per chunk maps the pages around it too (the kernel's fault-around),
     // so the walk gives back what it passed every window.
     let mut released = data_offset;
-    let mut spans = Vec::new();
-    let end = data.len() as u64;
-    let mut off = data_offset;
-    // The footer slot.
-    match span_at(data, off) {
-        Span::Chunk(len) => {
-            spans.push((off, len));
-            off = poolsight_schema::align8(off + len as u64);
-        }
-        _ => {
-            warnings.push(Warning {
-                offset: off,
-                what: "the footer slot is missing or cut off; the file is truncated".into(),
-                torn: true,
-            });
-            return spans;
-        }
-    }
-    if let Some(slots) = header.ring {
-        let slot_len = poolsight_schema::align8(header.chunk_size as u64);
-        for i in 0..slots as u64 {
-            let at = off + i * slot_len;
-            match span_at(data, at) {
-                Span::Chunk(len) if len as u64 <= slot_len => spans.push((at, len)),
-                Span::Chunk(_) | Span::Cut { .. } => warnings.push(Warning {
-                    offset: at,
-                    what: format!("ring slot {i} does not hold a whole chunk; skipped"),
-                    torn: true,
-                }),
-                Span::Zero | Span::End => {}
-            }
-        }
-        off += slots as u64 * slot_len;
-    }
     while off < end {
         if off - released >= WINDOW {
             release(map, released, off);
             released = off;
         }
-        match span_at(data, off) {
-            Span::Chunk(len) => {
+        match frame_at(data, off) {
+            Frame::Chunk(len) => {
                 spans.push((off, len));
-                off = poolsight_schema::align8(off + len as u64);
+                off = align8(off + len as u64);
             }
-            Span::Cut { claims } => {
+            Frame::End => break,
+            Frame::Zero => {
+                // A chunk never starts with a zero size, so the search starts one word on.
+                let Some(next) = next_nonzero_word(data, off + 8) else {
+                    break;
+                };
                 warnings.push(Warning {
                     offset: off,
                     what: format!(
-                        "chunk claims {claims} bytes but the file ends after {}: the file is truncated; the chunk is lost",
-                        end - off
+                        "{} bytes were reserved for a chunk that was never written (writer killed mid-chunk?)",
+                        next - off
                     ),
                     torn: true,
                 });
-                break;
+                off = next;
             }
-            Span::End => break,
-            Span::Zero => {
-                // A chunk never starts with a zero size, so the search starts one word on.
-                let from = off + 8;
-                let next = data
-                    .get(from as usize..)
-                    .unwrap_or_default()
-                    .chunks_exact(8)
-                    .position(|w| w != [0u8; 8])
-                    .map(|i| from + 8 * i as u64);
-                match next {
-                    Some(n) => {
-                        warnings.push(Warning {
-                            offset: off,
-                            what: format!(
-                                "{} bytes were reserved for a chunk that was never written (writer killed mid-chunk?)",
-                                n - off
-                            ),
-                            torn: true,
-                        });
-                        off = n;
-                    }
-                    None => break,
-                }
+            other => {
+                let next = resync(data, off + 8);
+                let tail = if next < end {
+                    format!("reading resumes at the next chunk, at offset {next}")
+                } else {
+                    "no chunk follows".to_owned()
+                };
+                warnings.push(Warning {
+                    offset: off,
+                    what: format!("{}; {tail}", other.describe(off, end)),
+                    torn: true,
+                });
+                off = next;
             }
         }
     }
@@ -641,30 +699,89 @@ fn walk(
     spans
 }
 
-enum Span {
+/// What starts at an offset where a chunk may start.
+#[derive(Debug, Clone, Copy)]
+enum Frame {
+    /// A size prefix that fits in the file followed by the chunk identifier: the length, prefix
+    /// included.
     Chunk(u32),
-    Cut { claims: u64 },
+    /// A zero size prefix: reserved, never written.
     Zero,
+    /// A size that runs past the end of the file.
+    Cut { claims: u64 },
+    /// A size that fits, but no chunk identifier after it.
+    NotAChunk { claims: u64 },
+    /// Fewer than 4 bytes left.
     End,
 }
 
-fn span_at(data: &[u8], off: u64) -> Span {
-    let off = off as usize;
-    if off + 4 > data.len() {
-        return Span::End;
+impl Frame {
+    fn describe(self, off: u64, end: u64) -> String {
+        match self {
+            Frame::Chunk(len) => format!("holds a chunk of {len} bytes"),
+            Frame::Zero => "is empty (zero size prefix)".to_owned(),
+            Frame::Cut { claims } => format!(
+                "chunk claims {claims} bytes but the file ends after {}: the file is truncated or the size is damaged; the chunk is lost",
+                end.saturating_sub(off)
+            ),
+            Frame::NotAChunk { claims } => format!(
+                "no chunk starts here (a size prefix of {} bytes without the \"PSTC\" identifier): the size of the chunk before it or this chunk was damaged",
+                claims.saturating_sub(4)
+            ),
+            Frame::End => "is cut off by the end of the file".to_owned(),
+        }
     }
-    let size = u32::from_le_bytes([data[off], data[off + 1], data[off + 2], data[off + 3]]) as u64;
-    if size == 0 {
-        return Span::Zero;
-    }
-    let claims = size + 4;
-    if off as u64 + claims > data.len() as u64 {
-        return Span::Cut { claims };
-    }
-    Span::Chunk(claims as u32)
 }
 
-fn verify_chunk(data: &[u8], off: u64, len: u32) -> Result<ChunkInfo, Warning> {
+fn frame_at(data: &[u8], off: u64) -> Frame {
+    let end = data.len() as u64;
+    if off.checked_add(4).is_none_or(|e| e > end) {
+        return Frame::End;
+    }
+    let at = off as usize;
+    let size = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as u64;
+    if size == 0 {
+        return Frame::Zero;
+    }
+    let claims = size + 4;
+    if off + claims > end {
+        return Frame::Cut { claims };
+    }
+    if claims < MIN_PREFIXED_LEN as u64 || &data[at + 8..at + 12] != fb::CHUNK_IDENTIFIER.as_bytes()
+    {
+        return Frame::NotAChunk { claims };
+    }
+    Frame::Chunk(claims as u32)
+}
+
+/// The first 8-aligned offset at or after `from` where a chunk starts, or the file's end.
+fn resync(data: &[u8], from: u64) -> u64 {
+    let end = data.len() as u64;
+    let mut at = align8(from);
+    while at < end {
+        if let Frame::Chunk(_) = frame_at(data, at) {
+            return at;
+        }
+        at += 8;
+    }
+    end
+}
+
+/// The first 8-aligned offset at or after `from` whose 8 bytes are not all zero.
+fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
+    data.get(from as usize..)?
+        .chunks_exact(8)
+        .position(|w| w != [0u8; 8])
+        .map(|i| from + 8 * i as u64)
+}
+
+/// A chunk that passed verification, and what was odd about it.
+struct Verified {
+    info: ChunkInfo,
+    warning: Option<Warning>,
+}
+
+fn verify_chunk(data: &[u8], off: u64, len: u32, minor: u16) -> Result<Verified, Warning> {
     let bad = |what: String| Warning {
         offset: off,
         what,
@@ -678,17 +795,60 @@ fn verify_chunk(data: &[u8], off: u64, len: u32) -> Result<ChunkInfo, Warning> {
     let chunk = fb::size_prefixed_root_as_chunk_with_opts(&VERIFIER, buf)
         .map_err(|e| bad(format!("chunk does not verify ({e}); skipped")))?;
     let meta = chunk.meta();
-    let sealed = meta.state() == fb::ChunkState::Sealed;
-    if sealed {
-        let inner = &buf[4..];
-        let meta_at = meta_offset(inner, meta);
-        let ok = chunk_crc(inner, meta_at, meta.used() as usize) == Some(meta.crc32());
-        if !ok {
+    let used = meta.used() as usize;
+    if used > buf.len() - 4 {
+        return Err(bad(format!(
+            "the chunk says it uses {used} bytes but holds {}: damaged; skipped",
+            buf.len() - 4
+        )));
+    }
+    let crc_holds = || {
+        let meta_at = meta_offset(buf, meta);
+        let sum = if crc_covers_size_prefix(minor) {
+            chunk_crc(buf, meta_at, 4 + used)
+        } else {
+            chunk_crc(&buf[4..], meta_at - 4, used)
+        };
+        sum == Some(meta.crc32())
+    };
+    let mut warning = None;
+    let sealed = match meta.state() {
+        fb::ChunkState::Sealed if crc_holds() => true,
+        fb::ChunkState::Sealed => {
             return Err(bad(
                 "checksum mismatch: the chunk was corrupted after it was written; skipped".into(),
-            ));
+            ))
         }
-    }
+        // The writer stores `used` and `crc32` only when sealing, the state last: an Open chunk
+        // with either set had its state byte damaged, or its writer was killed mid-seal.
+        fb::ChunkState::Open if meta.crc32() == 0 && used == 0 => false,
+        fb::ChunkState::Open if crc_holds() => {
+            warning = Some(Warning {
+                offset: off,
+                what: "the chunk is marked Open but its checksum is set and holds: its state byte was damaged, or its writer was killed while sealing it; read as sealed".into(),
+                torn: false,
+            });
+            true
+        }
+        fb::ChunkState::Open if meta.crc32() == 0 => {
+            warning = Some(Warning {
+                offset: off,
+                what: format!("the chunk is Open with no checksum but says it uses {used} bytes: its writer was killed while sealing it, or the chunk was damaged; its events are read unverified"),
+                torn: false,
+            });
+            false
+        }
+        fb::ChunkState::Open => return Err(bad(
+            "the chunk is marked Open but carries a checksum that does not hold: damaged; skipped"
+                .into(),
+        )),
+        other => {
+            return Err(bad(format!(
+                "unknown chunk state {}: damaged; skipped",
+                other.0
+            )))
+        }
+    };
     let (kind, events) = match chunk.body_type() {
         fb::ChunkBody::MemEvents => (
             ChunkKind::Mem,
@@ -718,16 +878,65 @@ fn verify_chunk(data: &[u8], off: u64, len: u32) -> Result<ChunkInfo, Warning> {
     if matches!(kind, ChunkKind::Defs) && !sealed {
         return Err(bad("definitions chunk was never sealed; skipped".into()));
     }
-    Ok(ChunkInfo {
-        offset: off,
-        len,
-        kind,
-        seq: meta.seq(),
-        thread: meta.thread(),
-        base_ticks: meta.base_ticks(),
-        sealed,
-        events: events as u32,
+    Ok(Verified {
+        info: ChunkInfo {
+            offset: off,
+            len,
+            kind,
+            seq: meta.seq(),
+            thread: meta.thread(),
+            base_ticks: meta.base_ticks(),
+            sealed,
+            events: events as u32,
+        },
+        warning,
     })
+}
+
+/// In grow mode the writer numbers chunks densely from 1 and nothing overwrites them, so a
+/// `seq` that is absent (below the highest one found, or below the sealed footer's count) is a
+/// chunk that was lost. The warning counts as a torn chunk only when no other one does: a
+/// damaged chunk that was already reported is most likely the one missing.
+fn check_seqs(chunks: &[ChunkInfo], footer: Option<&Footer>, warnings: &mut Vec<Warning>) {
+    let mut found: Vec<u64> = chunks
+        .iter()
+        .filter(|c| c.kind != ChunkKind::Footer && c.seq != 0)
+        .map(|c| c.seq)
+        .collect();
+    found.dedup();
+    let last = found.last().copied().unwrap_or(0);
+    let want = footer.map_or(last, |f| f.chunks.max(last));
+    let missing = want - found.len() as u64;
+    if missing == 0 {
+        return;
+    }
+    const NAMED: usize = 5;
+    let mut named = Vec::with_capacity(NAMED);
+    let mut expect = 1u64;
+    for &seq in found.iter().chain(std::iter::once(&want.saturating_add(1))) {
+        while expect < seq && named.len() < NAMED {
+            named.push(format!("#{expect}"));
+            expect += 1;
+        }
+        if named.len() == NAMED {
+            break;
+        }
+        expect = seq.saturating_add(1);
+    }
+    let more = if missing > named.len() as u64 {
+        ", ..."
+    } else {
+        ""
+    };
+    let torn = !warnings.iter().any(|w| w.torn);
+    warnings.push(Warning {
+        offset: 0,
+        what: format!(
+            "{missing} of the {want} chunks the writer reserved are missing (seq {}{more}): lost to damage or truncation",
+            named.join(", ")
+        ),
+        torn,
+    });
 }
 
 fn merge_defs(defs: &mut Defs, d: &fb::Defs<'_>) {

@@ -1,20 +1,14 @@
-//! The poolsight trace format: [`trace.fbs`](../trace.fbs) is the contract, `generated/` is what
-//! flatc 25.12.19 makes of it (checked in, rebuilt by `regen.sh`), and this file holds what the
-//! schema language cannot say: the 16-byte prelude in front of the header, the version numbers,
-//! and the checksum rule shared by the writer and the reader.
+//! The poolsight trace format. The byte layout of a file, the checksum and sealing rules and the
+//! timestamp conversion are written down once, in [`docs/format.md`](../../docs/format.md);
+//! [`header.fbs`](../header.fbs) and [`trace.fbs`](../trace.fbs) are the schemas of its
+//! buffers, `generated/` is what flatc 25.12.19 makes of them (checked in, rebuilt by
+//! `regen.sh`), and this file holds what the schema language cannot say: the 16-byte prelude,
+//! the version numbers, and the checksum rules shared by the writer and the reader.
 //!
-//! ```text
-//! offset  size  field
-//! 0       8     MAGIC "PSTRACE\0"
-//! 8       2     format major (FORMAT_MAJOR)
-//! 10      2     format minor (FORMAT_MINOR)
-//! 12      4     data_offset: start of the chunk region, a multiple of 8
-//! 16      ..    size-prefixed FlatBuffer `Header`, identifier "PSTH"
-//! ```
-//!
-//! Change any struct in `trace.fbs`, or the meaning of a field: bump [`FORMAT_MAJOR`] and keep a
-//! fixture of the old version readable. Add a field or an enum value at the end: bump
-//! [`FORMAT_MINOR`].
+//! Change any struct in the schemas, or the meaning of a field: bump [`FORMAT_MAJOR`] and keep a
+//! fixture of the old version readable. Add a field or an enum value at the end, or a rule that
+//! makes files safer to read: bump [`FORMAT_MINOR`], and keep the older minor's fixtures readable
+//! with that minor's rules.
 
 #[allow(
     clippy::all,
@@ -27,10 +21,11 @@
     mismatched_lifetime_syntaxes
 )]
 #[rustfmt::skip]
-mod generated {
-    include!("generated/trace_generated.rs");
-}
+#[path = "generated/mod.rs"]
+mod generated;
 
+/// The FlatBuffers runtime the generated code is pinned to, for building buffers by hand.
+pub use flatbuffers;
 /// The flatc-generated types (`Chunk`, `MemEvent`, ...).
 pub use generated::poolsight::fb;
 
@@ -38,12 +33,18 @@ pub use generated::poolsight::fb;
 pub const MAGIC: [u8; 8] = *b"PSTRACE\0";
 /// Incompatible changes bump this; a reader refuses a major it does not know.
 pub const FORMAT_MAJOR: u16 = 1;
-/// Compatible additions bump this.
-pub const FORMAT_MINOR: u16 = 0;
+/// Compatible additions bump this. 1.1 added the header checksum and the size prefix to the
+/// sealed-chunk checksum (see [`HEADER_CRC_MINOR`]).
+pub const FORMAT_MINOR: u16 = 1;
+/// The first minor version whose files carry a header checksum (the 4 bytes before
+/// `data_offset`) and whose sealed-chunk checksums cover the size prefix.
+pub const HEADER_CRC_MINOR: u16 = 1;
 /// Bytes before the header FlatBuffer.
 pub const PRELUDE_LEN: usize = 16;
+/// Bytes of the header checksum that ends the header region (format 1.1 and later).
+pub const HEADER_CRC_LEN: usize = 4;
 /// FlatBuffers file identifier of the header buffer.
-pub const HEADER_IDENTIFIER: &str = "PSTH";
+pub const HEADER_IDENTIFIER: &str = fb::HEADER_IDENTIFIER;
 /// FlatBuffers file identifier of every chunk buffer.
 pub const CHUNK_IDENTIFIER: &str = fb::CHUNK_IDENTIFIER;
 /// Conventional file extension.
@@ -148,9 +149,23 @@ pub const fn align8(n: u64) -> u64 {
     (n + 7) & !7
 }
 
-/// The checksum of a sealed chunk: CRC-32 of `buf[..used]` (the bytes after the size prefix)
-/// with the meta's `crc32` and `state` fields read as zero, so that the writer can compute it
-/// before it stores either of them. `meta_at` is the offset of `ChunkMeta` within `buf`.
+/// The checksum of the header region (format 1.1 and later): CRC-32 (IEEE) of the file's bytes
+/// `[0, data_offset - 4)` — prelude, header buffer and the zero padding after it — stored
+/// little-endian in the 4 bytes `[data_offset - 4, data_offset)`.
+pub fn header_crc(region: &[u8]) -> u32 {
+    crc32fast::hash(region)
+}
+
+/// Where a chunk's checksum starts, by format minor: 1.1 and later cover the 4-byte size
+/// prefix too, so a damaged size of a sealed chunk is caught; 1.0 starts after it.
+pub const fn crc_covers_size_prefix(minor: u16) -> bool {
+    minor >= HEADER_CRC_MINOR
+}
+
+/// The checksum of a sealed chunk: CRC-32 of `buf[..used]` with the meta's `crc32` and `state`
+/// fields read as zero, so that the writer can compute it before it stores either of them.
+/// `meta_at` is the offset of `ChunkMeta` within `buf`. Format 1.1 passes the chunk from its
+/// size prefix on (`used` + 4 bytes), format 1.0 the bytes after the prefix (`used` bytes).
 ///
 /// Returns `None` when the meta or `used` lies outside `buf`.
 pub fn chunk_crc(buf: &[u8], meta_at: usize, used: usize) -> Option<u32> {

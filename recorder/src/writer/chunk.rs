@@ -225,11 +225,12 @@ impl OpenChunk {
     }
 }
 
-/// Seals the chunk at `base` whose buffer (after the size prefix) has `used` bytes in use.
+/// Seals the chunk at `base` whose buffer (after the size prefix) has `used` bytes in use. The
+/// checksum covers the size prefix too (format 1.1), so the prefix is final before this runs.
 unsafe fn seal(base: *mut u8, meta_at: usize, used: usize) {
     put_u32(base, meta_at + meta_field::USED, used as u32);
-    let buf = std::slice::from_raw_parts(base.add(4), used);
-    let crc = chunk_crc(buf, meta_at - 4, used).unwrap_or(0);
+    let chunk = std::slice::from_raw_parts(base, 4 + used);
+    let crc = chunk_crc(chunk, meta_at, 4 + used).unwrap_or(0);
     put_u32(base, meta_at + meta_field::CRC32, crc);
     // Release: the checksum and every event are visible before the state says Sealed.
     (*(base.add(meta_at + meta_field::STATE) as *const AtomicU8))

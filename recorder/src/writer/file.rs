@@ -2,9 +2,13 @@
 //!
 //! The whole file is mapped once at a large virtual length (`max_bytes`) and never remapped, so
 //! threads keep raw pointers into it for the life of the recorder. Only the part of the file
-//! that was preallocated with `posix_fallocate` is ever touched: a write past the end of a
-//! mapped file raises SIGBUS, and a write into a sparse hole on a full disk does too, so blocks
-//! are allocated before a chunk is handed out, never after.
+//! that was preallocated (`posix_fallocate` on Linux, zeros written elsewhere) is ever touched:
+//! a write past the end of a mapped file raises SIGBUS, and a write into a sparse hole on a full
+//! disk does too, so blocks are allocated before a chunk is handed out, never after.
+//!
+//! The process's file size limit (`RLIMIT_FSIZE`, `ulimit -f`) is a size cap like `max_bytes`:
+//! growing a file past it kills the process with SIGXFSZ, so the file is never grown past it;
+//! recording stops there and later events are dropped and counted.
 //!
 //! Space comes from two places:
 //! - the bump region: one atomic `fetch_add` per chunk; the file grows behind it in steps;
@@ -14,7 +18,6 @@
 //! ordered by one atomic: a reservation either lands below the final data end or fails.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -36,6 +39,8 @@ pub(crate) struct MappedFile {
     file: File,
     map: MmapRaw,
     max_bytes: u64,
+    /// What sets `max_bytes`, for the message when recording stops there.
+    cap: SizeCap,
     /// Bytes of the file preallocated so far; everything below may be written.
     committed: AtomicU64,
     /// Next free offset of the bump region, with the CLOSED bit once closed.
@@ -53,6 +58,25 @@ struct Ring {
     owned: Box<[AtomicU8]>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SizeCap {
+    Config,
+    FileSizeLimit,
+}
+
+/// The process's soft file size limit in bytes, `None` when unlimited.
+// `rlim_t` is not `u64` on every Unix.
+#[allow(clippy::unnecessary_cast)]
+fn file_size_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct we own.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur as u64)
+}
+
 /// A region handed out for one chunk.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Region {
@@ -64,10 +88,13 @@ pub(crate) struct Region {
 
 impl MappedFile {
     /// Creates (truncating) the file and maps it. `fixed_len` bytes from offset 0 (prelude,
-    /// header, footer slot and the ring, if any) are preallocated at once.
+    /// header, footer slot and the ring, if any) are preallocated at once. The file never grows
+    /// past `max_bytes` nor past the process's file size limit, and creating it fails when
+    /// that cap leaves no room for the fixed part and one chunk of `chunk_len` bytes.
     pub fn create(
         path: &Path,
         fixed_len: u64,
+        chunk_len: u64,
         ring: Option<(u64, u64, u64)>,
         max_bytes: u64,
     ) -> Result<MappedFile, RecorderError> {
@@ -76,6 +103,28 @@ impl MappedFile {
             what,
             source: e,
         };
+        let (max_bytes, cap) = match file_size_limit() {
+            Some(limit) if limit < max_bytes => (limit, SizeCap::FileSizeLimit),
+            _ => (max_bytes, SizeCap::Config),
+        };
+        if fixed_len > max_bytes {
+            return Err(RecorderError::Config(format!(
+                "the fixed part of the trace ({fixed_len} bytes) exceeds max_bytes ({max_bytes})"
+            )));
+        }
+        let first_len = fixed_len + chunk_len;
+        if cap == SizeCap::FileSizeLimit && first_len > max_bytes {
+            return Err(err(
+                    "create",
+                    std::io::Error::new(
+                        std::io::ErrorKind::FileTooLarge,
+                        format!(
+                            "the process's file size limit (RLIMIT_FSIZE, ulimit -f) is {max_bytes} bytes, \
+                             but the header, footer slot, ring and a first chunk need {first_len}"
+                        ),
+                    ),
+                ));
+        }
         let file = File::options()
             .read(true)
             .write(true)
@@ -83,11 +132,6 @@ impl MappedFile {
             .truncate(true)
             .open(path)
             .map_err(|e| err("create", e))?;
-        if fixed_len > max_bytes {
-            return Err(RecorderError::Config(format!(
-                "the fixed part of the trace ({fixed_len} bytes) exceeds max_bytes ({max_bytes})"
-            )));
-        }
         let map = MmapOptions::new()
             .len(max_bytes as usize)
             .map_raw(&file)
@@ -103,6 +147,7 @@ impl MappedFile {
             file,
             map,
             max_bytes,
+            cap,
             committed: AtomicU64::new(0),
             bump: AtomicU64::new(fixed_len),
             grow_step: Mutex::new(MIN_GROW_STEP),
@@ -212,8 +257,12 @@ impl MappedFile {
             return false;
         }
         if end > self.max_bytes {
+            let by = match self.cap {
+                SizeCap::Config => "RecorderConfig::max_bytes",
+                SizeCap::FileSizeLimit => "the process's file size limit, RLIMIT_FSIZE",
+            };
             self.fail(&format!(
-                "the trace reached its size limit of {} bytes (RecorderConfig::max_bytes)",
+                "the trace reached its size limit of {} bytes ({by})",
                 self.max_bytes
             ));
             return false;
@@ -237,17 +286,7 @@ impl MappedFile {
         if len <= committed {
             return Ok(());
         }
-        // SAFETY: plain syscall on a descriptor we own.
-        let rc = unsafe {
-            libc::posix_fallocate(
-                self.file.as_raw_fd(),
-                committed as libc::off_t,
-                (len - committed) as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::from_raw_os_error(rc));
-        }
+        preallocate(&self.file, committed, len)?;
         // Release: threads that see the new length may write below it.
         self.committed.store(len, Ordering::Release);
         Ok(())
@@ -262,9 +301,13 @@ impl MappedFile {
         }
     }
 
-    /// Stops all further reservations and returns the end of the bump region.
+    /// Stops all further reservations and returns the end of the bump region. A reservation
+    /// that failed to grow the file still moved the bump counter, past the committed length; no
+    /// byte past that length was written, so the data ends there at most.
     pub fn close(&self) -> u64 {
-        self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED
+        let bump = self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        let _guard = self.grow_step.lock();
+        bump.min(self.committed.load(Ordering::Acquire))
     }
 
     /// Flushes the mapping and trims the preallocated tail past `data_end`.
@@ -281,6 +324,39 @@ impl MappedFile {
         }
         self.file.sync_data()
     }
+}
+
+/// Allocates the file's blocks in `[from, to)`, growing the file to `to`.
+#[cfg(target_os = "linux")]
+fn preallocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscall on a descriptor we own.
+    let rc = unsafe {
+        libc::posix_fallocate(
+            file.as_raw_fd(),
+            from as libc::off_t,
+            (to - from) as libc::off_t,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        rc => Err(std::io::Error::from_raw_os_error(rc)),
+    }
+}
+
+/// Allocates the file's blocks in `[from, to)` by writing zeros, where `posix_fallocate` is not
+/// available: a sparse hole would turn a full disk into SIGBUS on a later store.
+#[cfg(not(target_os = "linux"))]
+fn preallocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zeros = [0u8; 64 << 10];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 // SAFETY: the raw mapping is shared by design; every write goes to a region exactly one thread

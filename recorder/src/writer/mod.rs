@@ -5,8 +5,9 @@
 //! - [`thread`]: per-thread writers (the hot path);
 //! - [`defs`]: interning of strings, frames and stacks.
 //!
-//! File layout (see schema/trace.fbs): prelude, header, a fixed footer slot, the ring slots in
-//! ring mode, then the bump region where event chunks (grow mode), definitions and marks go.
+//! File layout (docs/format.md): prelude, header, header checksum, a fixed footer slot, the ring
+//! slots in ring mode, then the bump region where event chunks (grow mode), definitions and
+//! marks go.
 
 mod chunk;
 mod defs;
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flatbuffers::FlatBufferBuilder;
-use poolsight_schema::{align8, fb, Prelude, HEADER_IDENTIFIER, PRELUDE_LEN};
+use poolsight_schema::{align8, fb, header_crc, Prelude, HEADER_CRC_LEN, PRELUDE_LEN};
 
 pub use defs::{DeviceInfo, Frame};
 pub use thread::MemRecord;
@@ -163,7 +164,7 @@ impl Recorder {
         }
         let calibration = Calibration::measure(config.calibration);
         let header = build_header(&config, &calibration);
-        let data_offset = align8((PRELUDE_LEN + header.len()) as u64);
+        let data_offset = align8((PRELUDE_LEN + header.len() + HEADER_CRC_LEN) as u64);
         let footer_bytes = build_footer(&FooterFields::default());
         let footer_len = align8(footer_bytes.len() as u64);
         let chunk_len = align8(config.chunk_size as u64);
@@ -183,9 +184,8 @@ impl Recorder {
                 )
             }
         };
-        let file = MappedFile::create(path, fixed_len, ring, config.max_bytes)?;
-        file.write_at(0, &Prelude::current(data_offset as u32).encode());
-        file.write_at(PRELUDE_LEN as u64, &header);
+        let file = MappedFile::create(path, fixed_len, chunk_len, ring, config.max_bytes)?;
+        file.write_at(0, &header_region(data_offset, &header));
         let footer = Region {
             offset: data_offset,
             len: footer_len,
@@ -400,8 +400,19 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
             },
         },
     );
-    fbb.finish_size_prefixed(header, Some(HEADER_IDENTIFIER));
+    fb::finish_size_prefixed_header_buffer(&mut fbb, header);
     fbb.finished_data().to_vec()
+}
+
+/// Bytes `[0, data_offset)`: prelude, header, zero padding, and the checksum of all of them.
+fn header_region(data_offset: u64, header: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; data_offset as usize];
+    out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
+    out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);
+    let crc_at = out.len() - HEADER_CRC_LEN;
+    let crc = header_crc(&out[..crc_at]);
+    out[crc_at..].copy_from_slice(&crc.to_le_bytes());
+    out
 }
 
 fn hostname() -> String {
