@@ -2,9 +2,21 @@
 //! and its hooks ([`pool`]), the read side ([`analyzer`]) and the format ([`schema`]).
 //!
 //! Library users who only record or analyze can turn off the default `cli` feature, which only
-//! the `poolsight` binary needs.
+//! the `poolsight` command needs ([`cli`]: the binary and the Python package run it).
 
 pub use poolsight_analyzer as analyzer;
 pub use poolsight_pool as pool;
 pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;
+
+// The CLI's modules name the crate as their users do.
+extern crate self as poolsight;
+
+#[cfg(feature = "cli")]
+pub mod cli;
+#[cfg(feature = "cli")]
+mod demo;
+#[cfg(feature = "cli")]
+mod diff_cmd;
+#[cfg(feature = "cli")]
+mod term;

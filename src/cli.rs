@@ -1,0 +1,634 @@
+//! The `poolsight` command: argument parsing and rendering only; the work lives in the crates.
+//! The binary (`src/main.rs`) and the Python package's `poolsight` command both run [`main`] /
+//! [`run_args`], so there is one CLI.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use poolsight::analyzer::flamegraph::{self, Metric};
+use poolsight::analyzer::functions::{self, Unit};
+use poolsight::analyzer::report::{self, ReportOptions};
+use poolsight::analyzer::timers::{self, TimeUnit, Which};
+use poolsight::analyzer::{
+    epochs, export, info, lines, load, timeline, Profile, ReplayOptions, Trace,
+};
+
+use crate::demo::{DemoDevice, DemoOptions};
+use crate::{demo, diff_cmd, term};
+
+/// Record what a training run does with GPU memory and time; analyze the trace later.
+///
+/// Analysis commands take one or more traces: several (the ranks of one job) merge into one
+/// report, and --per-rank prints each on its own. Exit codes: 0 ok, 1 a `diff` rule was
+/// crossed, 2 bad input or usage (one line on stderr).
+#[derive(Parser)]
+#[command(name = "poolsight", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+enum ExportFormat {
+    Chrome,
+    Folded,
+    #[value(alias = "jsonl")]
+    Json,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+/// The traces to analyze and how to combine them.
+#[derive(Args)]
+struct Input {
+    /// Trace file(s) (*.pstrace); several are the ranks of one job and merge into one report.
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// With several traces, one report per trace (by rank) instead of the merged one.
+    #[arg(long)]
+    per_rank: bool,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a small MLP on synthetic data through the memory pool, recording a trace.
+    ///
+    /// Every tensor goes through the CuPy-style pool; links (Classifier, MLP, Linear) and
+    /// functions (LinearFunction, ReLU, SoftmaxCrossEntropy, Accuracy) are scoped forward and
+    /// backward, epochs are marked. Then prints the report of the trace it wrote.
+    Demo {
+        /// Where to write the trace.
+        #[arg(long, default_value = "demo.pstrace")]
+        out: PathBuf,
+        /// Training epochs.
+        #[arg(long, default_value_t = 3)]
+        epochs: u32,
+        /// `host` (simulated device memory, runs anywhere) or `cuda:N` (needs --features cuda).
+        #[arg(long, default_value = "host", value_parser = parse_device)]
+        device: DemoDevice,
+        /// Widths of the hidden layers, comma-separated (try a wider one, then `diff`).
+        #[arg(long, value_delimiter = ',', default_value = "256,256", value_parser = clap::value_parser!(u32).range(1..=65536))]
+        hidden: Vec<u32>,
+        /// Samples per training batch.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        batch: u32,
+        /// Training batches per epoch (fewer for a quick run).
+        #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..))]
+        steps_per_epoch: u32,
+        /// Validation batches after each epoch.
+        #[arg(long, default_value_t = 20)]
+        eval_batches: u32,
+    },
+    /// Header, duration, events by kind, threads, devices, dropped events and torn chunks.
+    ///
+    /// Use it first on a trace from elsewhere: it verifies every chunk and says what, if
+    /// anything, was lost (a writer killed mid-run leaves an unsealed file whose complete
+    /// events are all still readable).
+    Info {
+        /// Trace file(s) (*.pstrace).
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Memory used and acquired per function (Chainer's CupyMemoryProfileHook table).
+    ///
+    /// UsedBytes: bytes the function's calls took from the pool (nested calls included, as
+    /// Chainer counts); AcquiredBytes: bytes the pool had to get from the device meanwhile.
+    Functions {
+        #[command(flatten)]
+        input: Input,
+        /// auto (one unit per column), auto_foreach (per cell), or B, KB, MB, GB, TB, PB, EB.
+        #[arg(long, default_value = "auto", value_parser = parse_unit)]
+        unit: Unit,
+        /// Add exclusive columns: bytes of the function's own mallocs, not its callees'.
+        #[arg(long = "self")]
+        with_self: bool,
+    },
+    /// Memory by calling context: open scopes and call sites (CuPy's LineProfileHook tree).
+    Lines {
+        #[command(flatten)]
+        input: Input,
+        /// Keep the outermost N-1 levels under _root (0: no limit), as CuPy's max_depth.
+        #[arg(long, default_value_t = 0)]
+        max_depth: usize,
+    },
+    /// Elapsed time per link and per function (Chainer's TimerHook tables).
+    Timers {
+        #[command(flatten)]
+        input: Input,
+        /// Only the link table.
+        #[arg(long, conflicts_with = "functions")]
+        links: bool,
+        /// Only the function table.
+        #[arg(long)]
+        functions: bool,
+        /// auto (per row, as Chainer), sec, ms, us or ns.
+        #[arg(long, default_value = "auto", value_parser = parse_time_unit)]
+        unit: TimeUnit,
+    },
+    /// Memory deltas per epoch in MB (fastai's PeakMemMetric columns; GPU figures exact).
+    Epochs {
+        #[command(flatten)]
+        input: Input,
+    },
+    /// Every report: headline figures, functions, lines, timers and epochs.
+    Report {
+        #[command(flatten)]
+        input: Input,
+    },
+    /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
+    ///
+    /// used: bytes taken from the pool; acquired: bytes the pool took from the device; peak:
+    /// bytes still live at the moment of the pool's peak ("what filled my GPU?"); time: self
+    /// time of scopes.
+    Flamegraph {
+        /// Trace file(s); several merge.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+        #[arg(long, default_value = "used", value_parser = parse_metric)]
+        metric: Metric,
+        /// Title of the graph (default: the metric and the trace).
+        #[arg(long)]
+        title: Option<String>,
+    },
+    /// An SVG plot of the pool's used and acquired bytes over time, epochs shaded, peak marked.
+    Timeline {
+        /// Trace file(s); one panel per trace.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Where to write the SVG.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Convert a trace for other tools: Perfetto/Chrome, folded stacks, JSON Lines.
+    ///
+    /// chrome (Perfetto / chrome://tracing: scopes as slices, pool bytes as counters, epochs,
+    /// OOMs), folded (stack-collapsed lines for any flamegraph tool), json (JSON Lines: stacks,
+    /// then every event, for pandas and jq).
+    Export {
+        /// Trace file(s); chrome and folded merge several, json takes one.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        #[arg(long, value_enum)]
+        format: ExportFormat,
+        /// Where to write ("-" for stdout).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// folded: which amount the counts are.
+        #[arg(long, default_value = "used", value_parser = parse_metric)]
+        metric: Metric,
+        /// chrome: points of the pool counter tracks (each the maximum of its time bucket).
+        #[arg(long, default_value_t = 20_000)]
+        points: usize,
+    },
+    /// Compare two runs and fail when memory or time grew past what --fail-on allows.
+    ///
+    /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
+    Diff(diff_cmd::DiffArgs),
+}
+
+/// Runs the command line of this process.
+pub fn main() -> ExitCode {
+    ExitCode::from(run_args(std::env::args_os()))
+}
+
+/// Runs the command line `args` (`args[0]` is the program name) and returns the exit code:
+/// 0 ok, 1 a `diff` rule was crossed, 2 bad input or usage. Never exits the process, so the
+/// Python package can run it in-process.
+pub fn run_args<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version are not errors: they print to stdout and exit 0.
+            let _ = e.print();
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("poolsight: {} (see --help)", usage_error_line(&e));
+            return 2;
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("poolsight: {}", one_line(&e));
+            2
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping a cause whose text the message already
+/// holds (library errors name their source in their own message).
+/// clap's usage error on one line: its message and the items listed under it, without the
+/// usage block and tips that follow (the promise is one line on stderr).
+fn usage_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut parts: Vec<&str> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() || line.starts_with("tip:") {
+            continue;
+        }
+        parts.push(line.strip_prefix("error: ").unwrap_or(line));
+    }
+    parts.join(" ")
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg.replace('\n', " ")
+}
+
+fn parse_device(s: &str) -> Result<DemoDevice, String> {
+    s.parse().map_err(|e: demo::DemoError| e.to_string())
+}
+
+fn parse_metric(s: &str) -> Result<Metric, String> {
+    s.parse()
+        .map_err(|e: poolsight::analyzer::flamegraph::ParseMetricError| e.0)
+}
+
+fn parse_unit(s: &str) -> Result<Unit, String> {
+    s.parse()
+}
+
+fn parse_time_unit(s: &str) -> Result<TimeUnit, String> {
+    s.parse()
+}
+
+/// The merged profile, or one per trace with `--per-rank`, each with a heading.
+fn views(input: &Input, live_at_peak: bool) -> anyhow::Result<Vec<(String, Profile)>> {
+    let profiles = term::load_profiles(&input.traces, live_at_peak)?;
+    Ok(load::views(profiles, input.per_rank)
+        .into_iter()
+        .map(|v| (v.heading, v.profile))
+        .collect())
+}
+
+/// Prints one rendering per view: tables and CSV under `== heading ==` lines, JSON as one
+/// document (an array of `{"trace", ...report}` objects with --per-rank).
+fn emit<T: serde::Serialize>(
+    out: &mut impl Write,
+    format: Format,
+    views: &[(String, T)],
+    table: impl Fn(&T) -> String,
+    csv: impl Fn(&T) -> String,
+) -> anyhow::Result<()> {
+    match format {
+        Format::Json => {
+            let json = if views.len() == 1 && views[0].0.is_empty() {
+                serde_json::to_string_pretty(&views[0].1)?
+            } else {
+                let list: Vec<serde_json::Value> = views
+                    .iter()
+                    .map(|(name, v)| {
+                        let mut j = serde_json::to_value(v)?;
+                        if let Some(o) = j.as_object_mut() {
+                            o.insert("trace".into(), name.clone().into());
+                        }
+                        Ok(j)
+                    })
+                    .collect::<serde_json::Result<_>>()?;
+                serde_json::to_string_pretty(&list)?
+            };
+            writeln!(out, "{json}")?;
+        }
+        Format::Table | Format::Csv => {
+            for (i, (name, v)) in views.iter().enumerate() {
+                if !name.is_empty() {
+                    if i > 0 {
+                        writeln!(out)?;
+                    }
+                    writeln!(out, "== {name} ==")?;
+                }
+                let text = if format == Format::Table {
+                    table(v)
+                } else {
+                    csv(v)
+                };
+                write!(out, "{text}")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Demo {
+            out: path,
+            epochs,
+            device,
+            hidden,
+            batch,
+            steps_per_epoch,
+            eval_batches,
+        } => {
+            let opts = DemoOptions {
+                out: path,
+                epochs,
+                device,
+                hidden: hidden.into_iter().map(|h| h as usize).collect(),
+                batch: batch as usize,
+                steps_per_epoch,
+                eval_batches,
+                ..DemoOptions::default()
+            };
+            let started = std::time::Instant::now();
+            let outcome = demo::run(&opts)?;
+            for (n, (loss, acc)) in outcome.losses.iter().zip(&outcome.accuracies).enumerate() {
+                writeln!(
+                    out,
+                    "epoch {:>2}  train loss {loss:.4}  validation accuracy {:.1}%",
+                    n + 1,
+                    acc * 100.0
+                )?;
+            }
+            writeln!(
+                out,
+                "trained on {} in {:.2} s; wrote {} ({} events, {} bytes)\n",
+                outcome.device_name,
+                started.elapsed().as_secs_f64(),
+                outcome.path.display(),
+                outcome.summary.events,
+                outcome.summary.file_bytes
+            )?;
+            let profile = Profile::merge(term::load_profiles(
+                std::slice::from_ref(&outcome.path),
+                false,
+            )?);
+            let opts = ReportOptions::default();
+            let r = report::compute(&profile, &opts);
+            write!(out, "{}", report::render_table(&r, &opts))?;
+            out.flush()?;
+            let svg_path = outcome.path.with_extension("svg");
+            let title = format!(
+                "poolsight demo: bytes used from the pool ({})",
+                names(std::slice::from_ref(&outcome.path))
+            );
+            let svg = flamegraph::flamegraph_svg(&profile, Metric::Used, &title)?;
+            term::write_file(&svg_path, &svg)?;
+        }
+        Command::Info { traces, format } => {
+            let mut infos = Vec::new();
+            for path in &traces {
+                let trace = Trace::open(path)?;
+                let mut i = info::info(&trace);
+                let profiles =
+                    term::replay_traces(std::slice::from_ref(&trace), ReplayOptions::default());
+                if let Some(p) = profiles.first() {
+                    info::add_replay(&mut i, p);
+                }
+                infos.push(i);
+            }
+            match format {
+                Format::Table | Format::Csv => {
+                    anyhow::ensure!(
+                        format == Format::Table,
+                        "info has no CSV form; use --format table or json"
+                    );
+                    for (n, i) in infos.iter().enumerate() {
+                        if n > 0 {
+                            writeln!(out)?;
+                        }
+                        write!(out, "{}", info::render_table(i))?;
+                    }
+                }
+                Format::Json => {
+                    let json = if infos.len() == 1 {
+                        serde_json::to_string_pretty(&infos[0])?
+                    } else {
+                        serde_json::to_string_pretty(&infos)?
+                    };
+                    writeln!(out, "{json}")?;
+                }
+            }
+        }
+        Command::Functions {
+            input,
+            unit,
+            with_self,
+        } => {
+            let v = computed(&input, functions::functions)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |f| functions::render_table(f, unit, with_self),
+                functions::render_csv,
+            )?;
+        }
+        Command::Lines { input, max_depth } => {
+            let v = computed(&input, |p| lines::lines(p, max_depth))?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                lines::render_table,
+                lines::render_csv,
+            )?;
+        }
+        Command::Timers {
+            input,
+            links,
+            functions,
+            unit,
+        } => {
+            let which = match (links, functions) {
+                (true, _) => Which::Links,
+                (_, true) => Which::Functions,
+                _ => Which::Both,
+            };
+            let v = computed(&input, timers::timers)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |t| timers::render_table(t, which, unit),
+                timers::render_csv,
+            )?;
+        }
+        Command::Epochs { input } => {
+            let v = computed(&input, epochs::epochs)?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                epochs::render_table,
+                epochs::render_csv,
+            )?;
+        }
+        Command::Diff(args) => return diff_cmd::run(args, &mut out),
+        Command::Flamegraph {
+            traces,
+            output,
+            metric,
+            title,
+        } => {
+            let profile = Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
+            let title = title.unwrap_or_else(|| {
+                format!(
+                    "poolsight: {metric} by calling context ({})",
+                    names(&traces)
+                )
+            });
+            let svg = flamegraph::flamegraph_svg(&profile, metric, &title)?;
+            term::write_file(&output, &svg)?;
+        }
+        Command::Timeline { traces, output } => {
+            let profile = Profile::merge(term::load_profiles(&traces, false)?);
+            term::write_file(&output, &timeline::timeline_svg(&profile)?)?;
+        }
+        Command::Export {
+            traces,
+            format,
+            output,
+            metric,
+            points,
+        } => {
+            let mut sink = Sink::create(&output)?;
+            match format {
+                ExportFormat::Chrome => {
+                    let loaded = term::load_traces(
+                        &traces,
+                        ReplayOptions {
+                            series_points: points,
+                            ..ReplayOptions::default()
+                        },
+                    )?;
+                    let pairs: Vec<(&Trace, &Profile)> =
+                        loaded.traces.iter().zip(&loaded.profiles).collect();
+                    export::chrome(&pairs, &mut sink)?;
+                }
+                ExportFormat::Folded => {
+                    let profile =
+                        Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
+                    for line in flamegraph::folded(&profile, metric) {
+                        writeln!(sink, "{line}")?;
+                    }
+                }
+                ExportFormat::Json => {
+                    anyhow::ensure!(
+                        traces.len() == 1,
+                        "export --format json takes one trace (got {}); export each on its own",
+                        traces.len()
+                    );
+                    let opened = load::open_all(&traces)?;
+                    opened.warnings.iter().for_each(term::warn);
+                    export::jsonl(&opened.traces[0], &mut sink)?;
+                }
+            }
+            sink.finish()?;
+        }
+        Command::Report { input } => {
+            let opts = ReportOptions::default();
+            let v = computed(&input, |p| report::compute(p, &opts))?;
+            emit(
+                &mut out,
+                input.format,
+                &v,
+                |r| report::render_table(r, &opts),
+                report::render_csv,
+            )?;
+        }
+    }
+    Ok(0)
+}
+
+/// Loads the input and computes one report per view.
+fn computed<T>(input: &Input, f: impl Fn(&Profile) -> T) -> anyhow::Result<Vec<(String, T)>> {
+    Ok(views(input, false)?
+        .into_iter()
+        .map(|(name, p)| (name, f(&p)))
+        .collect())
+}
+
+/// The traces' file names, for titles.
+fn names(traces: &[PathBuf]) -> String {
+    traces
+        .iter()
+        .map(|p| {
+            p.file_name().map_or_else(
+                || p.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where an export goes: a buffered file, or stdout for "-".
+enum Sink {
+    File(PathBuf, std::io::BufWriter<std::fs::File>),
+    Stdout(std::io::Stdout),
+}
+
+impl Sink {
+    fn create(path: &Path) -> anyhow::Result<Sink> {
+        if path == Path::new("-") {
+            return Ok(Sink::Stdout(std::io::stdout()));
+        }
+        let f = std::fs::File::create(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Sink::File(
+            path.to_path_buf(),
+            std::io::BufWriter::with_capacity(1 << 20, f),
+        ))
+    }
+
+    fn finish(self) -> anyhow::Result<()> {
+        match self {
+            Sink::File(path, mut w) => {
+                w.flush()
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                term::wrote(&path);
+            }
+            Sink::Stdout(mut s) => s.flush()?,
+        }
+        Ok(())
+    }
+}
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Sink::File(_, w) => w.write(buf),
+            Sink::Stdout(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::File(_, w) => w.flush(),
+            Sink::Stdout(s) => s.flush(),
+        }
+    }
+}
