@@ -7,15 +7,19 @@
 //!   with the `cuda` feature, `device::CudaDevice`;
 //! - [`hooks`]: the [`hooks::MemoryHook`] trait, per-thread and process-wide registration,
 //!   [`hooks::DebugPrintHook`];
-//! - [`TraceHook`]: the hook that writes pool events into a `poolsight-recorder` trace.
+//! - [`TraceHook`]: the hook that writes pool events into a `poolsight-recorder` trace;
+//! - [`AddressedPool`]: the pool for callers that hold raw addresses (C, Python, PyTorch),
+//!   with the allocation's stack chosen by the caller ([`with_stack`]).
 //!
 //! The pool knows nothing of the trace format: only [`TraceHook`] talks to the recorder, through
 //! its public API, as any other allocator's observer would.
 
+mod addressed;
 pub mod device;
 pub mod hooks;
 mod memory_pool;
 mod trace_hook;
 
+pub use addressed::{AddressedPool, FreeError};
 pub use memory_pool::{round_size, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE};
-pub use trace_hook::{define_pool_device, TraceHook};
+pub use trace_hook::{define_pool_device, with_stack, TraceHook};

@@ -5,6 +5,7 @@
 //! scopes open on the calling thread plus the call site ([`Handle::site_stack`]), which is what
 //! the line and function reports are built from.
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 use poolsight_recorder::{DeviceInfo, Handle, MemKind, MemRecord};
@@ -14,6 +15,27 @@ use crate::hooks::{
     MallocPre, MemoryHook, OutOfMemory, Release,
 };
 use crate::memory_pool::{MemoryPool, ALLOCATION_UNIT_SIZE};
+
+thread_local! {
+    /// The stack a foreign caller chose for the allocation it is making on this thread (see
+    /// [`with_stack`]); `None`: the Rust call site.
+    static STACK_OVERRIDE: Cell<Option<u32>> = const { Cell::new(None) };
+}
+
+/// Runs `f` (an allocation) with `stack` recorded as its calling context instead of the Rust
+/// call site: the way for a caller that knows its context better (a Python traceback, a C
+/// program's own frames) to name it. Nests; restores the previous choice when `f` returns.
+pub fn with_stack<R>(stack: u32, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<u32>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0;
+            let _ = STACK_OVERRIDE.try_with(|s| s.set(previous));
+        }
+    }
+    let _restore = Restore(STACK_OVERRIDE.with(|s| s.replace(Some(stack))));
+    f()
+}
 
 /// Writes the pool's hook events into a recorder's trace.
 ///
@@ -106,6 +128,18 @@ fn low32(pmem_id: u64) -> u32 {
     pmem_id as u32
 }
 
+impl TraceHook {
+    /// The allocation's stack: a foreign caller's choice ([`with_stack`]), else the open
+    /// scopes plus the Rust call site.
+    #[inline]
+    fn stack(&self, caller: &'static std::panic::Location<'static>) -> u32 {
+        match STACK_OVERRIDE.with(Cell::get) {
+            Some(stack) => stack,
+            None => self.handle.site_stack(caller),
+        }
+    }
+}
+
 impl MemoryHook for TraceHook {
     fn name(&self) -> &str {
         "TraceHook"
@@ -115,7 +149,7 @@ impl MemoryHook for TraceHook {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
                 bytes: i.size,
-                stack: self.handle.site_stack(i.caller),
+                stack: self.stack(i.caller),
                 ..MemRecord::new(MemKind::MallocPre, i.device_id, i.stream)
             });
         }
@@ -125,7 +159,7 @@ impl MemoryHook for TraceHook {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
             bytes: i.size,
-            stack: self.handle.site_stack(i.caller),
+            stack: self.stack(i.caller),
             pmem: low32(i.pmem_id),
             ..MemRecord::new(MemKind::MallocPost, i.device_id, i.stream)
         });
@@ -135,7 +169,7 @@ impl MemoryHook for TraceHook {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
                 bytes: i.mem_size,
-                stack: self.handle.site_stack(i.caller),
+                stack: self.stack(i.caller),
                 ..MemRecord::new(MemKind::AllocPre, i.device_id, i.stream)
             });
         }
@@ -145,7 +179,7 @@ impl MemoryHook for TraceHook {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
             bytes: i.mem_size,
-            stack: self.handle.site_stack(i.caller),
+            stack: self.stack(i.caller),
             ..MemRecord::new(MemKind::AllocPost, i.device_id, i.stream)
         });
     }

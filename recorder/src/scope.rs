@@ -443,6 +443,32 @@ impl ScopeToken {
     pub fn stack(&self) -> u32 {
         self.stack
     }
+
+    /// The token as five words, for bindings that keep it opaque (a C struct, a Python
+    /// object); [`ScopeToken::from_words`] gives it back.
+    pub fn to_words(&self) -> [u64; 5] {
+        [
+            self.recorder,
+            self.context,
+            self.serial,
+            self.start,
+            self.stack as u64 | (self.depth as u64) << 32,
+        ]
+    }
+
+    /// A token from [`ScopeToken::to_words`]. Words that were never a token are harmless:
+    /// [`Handle::exit`] checks the recorder, the thread and that the scope is open, as for any
+    /// token, and refuses what does not match.
+    pub fn from_words(words: [u64; 5]) -> ScopeToken {
+        ScopeToken {
+            recorder: words[0],
+            context: words[1],
+            serial: words[2],
+            start: words[3],
+            stack: words[4] as u32,
+            depth: (words[4] >> 32) as u32,
+        }
+    }
 }
 
 /// One frame of a foreign call stack, as a Python traceback gives it.
