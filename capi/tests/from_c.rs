@@ -1,0 +1,70 @@
+//! A C program records through the ABI (compiled here with the system's `cc` against the
+//! header and the shared library cargo built), and the analyzer reads what it wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use poolsight_analyzer::functions::functions;
+use poolsight_analyzer::{replay, ReplayOptions, Trace};
+
+/// target/<profile>/, where cargo puts this crate's shared library.
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .to_path_buf()
+}
+
+#[test]
+fn a_c_program_records_a_trace_the_analyzer_reads() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let exe = tmp.join(format!("smoke-{}", std::process::id()));
+    let lib = library_dir();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-I")
+        .arg(crate_dir.join("include"))
+        .arg(crate_dir.join("tests/smoke.c"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lpoolsight_capi")
+        .status();
+    match status {
+        Ok(s) => assert!(s.success(), "{cc} could not build tests/smoke.c"),
+        Err(e) => {
+            eprintln!("skipped: no C compiler ({cc}: {e})");
+            return;
+        }
+    }
+    let trace = tmp.join(format!("smoke-{}.pstrace", std::process::id()));
+    let out = Command::new(&exe).arg(&trace).output().expect("run smoke");
+    assert!(
+        out.status.success(),
+        "smoke failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let t = Trace::open(&trace).expect("the trace opens");
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    assert!(t.footer.is_some(), "ps_recorder_finish sealed the file");
+    assert_eq!(t.header.rank, Some(0));
+    let profile = replay(&t, 0, &ReplayOptions::default());
+    let rows = functions(&profile).functions;
+    let linear = rows
+        .iter()
+        .find(|r| r.name == "LinearFunction")
+        .expect("a LinearFunction row");
+    assert_eq!(
+        linear.used_bytes,
+        1024 + 2048,
+        "both mallocs inside the scope"
+    );
+    assert_eq!(linear.occurrence, 1);
+}
