@@ -1,0 +1,298 @@
+"""poolsight: record what a training run does with memory and time, analyze it later.
+
+Recording happens in the Rust core (``poolsight._native``): events go into a memory-mapped
+trace file from per-thread buffers, so a crash or a kill loses nothing that was recorded.
+Analysis is the ``poolsight`` command this package installs (``poolsight report run.pstrace``),
+the same program as the Rust CLI.
+
+    import poolsight
+
+    with poolsight.record("run.pstrace") as rec:
+        with rec.epoch(1):
+            with rec.link("MLP"):
+                ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from . import _native
+from ._native import Pool, PoolsightError
+
+__all__ = [
+    "Pool",
+    "PoolsightError",
+    "Recording",
+    "Scope",
+    "active",
+    "main",
+    "record",
+]
+
+__version__ = _native.__version__
+
+_KINDS = {"function": 1, "link": 2, "scope": 3}
+_PHASES = {None: 0, "none": 0, "forward": 1, "backward": 2}
+_STACKS = ("scopes", "python")
+
+_active: list[Recording] = []
+
+
+def active() -> Recording | None:
+    """The innermost recording opened with :func:`record` that is still open, else ``None``.
+
+    Framework integrations (``poolsight.torch``, ``poolsight.cupy``, ``poolsight.chainer``)
+    record into it when no recording is passed to them.
+    """
+    return _active[-1] if _active else None
+
+
+def _phase(phase: str | None) -> int:
+    try:
+        return _PHASES[phase.lower() if isinstance(phase, str) else phase]
+    except (KeyError, AttributeError):
+        raise ValueError(f"phase must be 'forward', 'backward' or None, not {phase!r}") from None
+
+
+def _caller_site(depth: int) -> tuple[str, int]:
+    frame = sys._getframe(depth + 1)
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+class Scope:
+    """A named region, usable as a context manager or as a decorator.
+
+    As a context manager it is one scope; as a decorator every call of the function is one
+    scope. Scopes nest per thread, as Chainer's hooks do: what is allocated inside a scope is
+    attributed to it and to every scope around it.
+    """
+
+    __slots__ = ("_guard", "_rec", "_kind", "_name", "_phase", "_file", "_line")
+
+    def __init__(self, rec: Recording, kind: int, name: str, phase: int, file: str, line: int):
+        self._rec = rec
+        self._kind = kind
+        self._name = name
+        self._phase = phase
+        self._file = file
+        self._line = line
+        self._guard = rec._native.scope(kind, name, phase, file, line)
+
+    def __enter__(self) -> Scope:
+        self._guard.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._guard.__exit__(*exc)
+
+    def __call__(self, fn: Callable) -> Callable:
+        native = self._rec._native
+        kind, name, phase = self._kind, self._name, self._phase
+        code = getattr(fn, "__code__", None)
+        file = code.co_filename if code else self._file
+        line = code.co_firstlineno if code else self._line
+
+        @functools.wraps(fn)
+        def scoped(*args: Any, **kwargs: Any) -> Any:
+            token = native.enter(kind, name, phase, file, line)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                native.exit(token)
+
+        return scoped
+
+    def __repr__(self) -> str:
+        kind = {v: k for k, v in _KINDS.items()}[self._kind]
+        return f"<poolsight {kind} scope {self._name!r}>"
+
+
+class Recording:
+    """An open trace file. Made by :func:`record`; closed by :meth:`finish` or the ``with``."""
+
+    def __init__(self, native: _native.Recorder, stacks: str, max_depth: int, cpu: str):
+        self._native = native
+        self.stacks = stacks
+        self.max_depth = max_depth
+        self._cpu = cpu
+        self._epoch_cpu: dict[int, int] = {}
+
+    # -- scopes -------------------------------------------------------------------------------
+
+    def function(self, name: str, phase: str | None = "forward") -> Scope:
+        """A function scope (a row of ``poolsight functions``), forward or backward."""
+        return Scope(self, 1, str(name), _phase(phase), *_caller_site(1))
+
+    def link(self, name: str) -> Scope:
+        """A link scope (a row of ``poolsight timers --links``): by convention a class name."""
+        return Scope(self, 2, str(name), 0, *_caller_site(1))
+
+    def scope(self, name: str) -> Scope:
+        """A user scope: any region worth a name in the reports (a step, an update)."""
+        return Scope(self, 3, str(name), 0, *_caller_site(1))
+
+    # -- epochs and CPU memory ----------------------------------------------------------------
+
+    def _cpu_now(self) -> tuple[int, int]:
+        """(current, peak) CPU bytes from the configured source."""
+        if self._cpu == "tracemalloc" and tracemalloc.is_tracing():
+            return tracemalloc.get_traced_memory()
+        if self._cpu in ("rss", "tracemalloc"):
+            rss = _rss_bytes()
+            return rss, rss
+        return 0, 0
+
+    def epoch_begin(self, n: int) -> None:
+        """Marks the start of epoch ``n`` (prefer ``with rec.epoch(n):``)."""
+        n = _epoch_number(n)
+        if self._cpu == "tracemalloc" and tracemalloc.is_tracing():
+            tracemalloc.reset_peak()
+        current, _ = self._cpu_now()
+        self._native.epoch_begin(n, current)
+
+    def epoch_end(self, n: int) -> None:
+        """Marks the end of epoch ``n``."""
+        n = _epoch_number(n)
+        current, peak = self._cpu_now()
+        self._native.epoch_end(n, current, max(current, peak))
+
+    @contextlib.contextmanager
+    def epoch(self, n: int) -> Iterator[None]:
+        """``with rec.epoch(n):`` brackets one epoch: the ``epochs`` report gets a row for it."""
+        self.epoch_begin(n)
+        try:
+            yield
+        finally:
+            self.epoch_end(n)
+
+    def cpu_sample(self) -> None:
+        """Records the current CPU memory (RSS, or tracemalloc's figure) as a sample."""
+        self._native.cpu_sample(self._cpu_now()[0])
+
+    # -- allocation stacks --------------------------------------------------------------------
+
+    def stack(self, skip: int = 0) -> int:
+        """The stack id an allocation made here gets, at the recording's ``stacks`` level.
+
+        ``skip`` leaves out that many innermost Python frames (an integration's own frames).
+        """
+        if self.stacks == "python":
+            return self._native.python_stack(self.max_depth, skip + 1)
+        return self._native.scopes_stack()
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._native.path
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def dropped_events(self) -> int:
+        """Events that could not be recorded (disk full, size limit, after finish)."""
+        return self._native.dropped_events
+
+    def finish(self) -> dict:
+        """Seals the trace file. Returns what was written: events, chunks, dropped_events,
+        file_bytes. Raises :class:`PoolsightError` if it was already finished."""
+        if self in _active:
+            _active.remove(self)
+        return self._native.finish()
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.closed:
+            self.finish()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<poolsight.Recording {self.path!r} {state}>"
+
+
+def _epoch_number(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > 0xFFFFFFFF:
+        raise ValueError(f"an epoch number is an int in 0..2**32-1, not {n!r}")
+    return n
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return usage if sys.platform == "darwin" else usage * 1024
+
+
+def record(
+    path: str | os.PathLike[str],
+    *,
+    mode: str = "grow",
+    ring_slots: int = 1024,
+    chunk_size: int = 64 << 10,
+    max_bytes: int | None = None,
+    stacks: str = "scopes",
+    max_depth: int = 0,
+    cpu: str | None = "rss",
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> Recording:
+    """Opens a trace file for recording; use it as ``with poolsight.record(path) as rec:``.
+
+    - ``mode``: ``"grow"`` (lossless; the file grows) or ``"ring"`` (a flight recorder:
+      ``ring_slots`` chunks of ``chunk_size`` bytes, the oldest overwritten).
+    - ``stacks``: what an allocation's stack is: ``"scopes"`` (the open scopes; cheap) or
+      ``"python"`` (its Python call stack as ``file:line:function`` frames, as CuPy's
+      ``LineProfileHook`` shows them; ``max_depth`` > 0 keeps that many innermost frames).
+    - ``cpu``: the CPU memory recorded per epoch: ``"rss"``, ``"tracemalloc"`` (tracemalloc's
+      exact figures when it is tracing, else RSS) or ``None``.
+    - ``rank``/``world_size``: for multi-process jobs; ``poolsight`` merges ranks.
+
+    A path that cannot be created raises :class:`PoolsightError` here; any later failure
+    (disk full) stops recording and is counted in ``dropped_events``, never raised into
+    training.
+    """
+    if mode not in ("grow", "ring"):
+        raise ValueError(f"mode must be 'grow' or 'ring', not {mode!r}")
+    if stacks not in _STACKS:
+        raise ValueError(f"stacks must be 'scopes' or 'python', not {stacks!r}")
+    if cpu not in (None, "rss", "tracemalloc"):
+        raise ValueError(f"cpu must be 'rss', 'tracemalloc' or None, not {cpu!r}")
+    if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0:
+        raise ValueError(f"max_depth must be an int >= 0, not {max_depth!r}")
+    native = _native.Recorder(
+        os.fspath(path),
+        mode=mode,
+        ring_slots=ring_slots,
+        chunk_size=chunk_size,
+        max_bytes=max_bytes,
+        rank=rank,
+        world_size=world_size,
+        cpu_source="none" if cpu is None else "rss",
+        command_line=list(sys.argv),
+    )
+    rec = Recording(native, stacks, max_depth, cpu or "none")
+    _active.append(rec)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the ``poolsight`` command (the Rust CLI) with ``argv`` (default: ``sys.argv``)."""
+    args = list(sys.argv if argv is None else ["poolsight", *argv])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return _native.cli(args)

@@ -1,0 +1,394 @@
+"""PyTorch integration.
+
+Three ways to record a PyTorch program, from the most exact to the least intrusive:
+
+- :func:`use_pool` makes poolsight's CuPy-style caching pool PyTorch's CUDA allocator: every
+  CUDA tensor's memory then goes through the pool and its hooks, so the trace holds the exact
+  pool events (used, acquired from the device, released, out of memory).
+- :func:`track` keeps PyTorch's own allocator and observes tensor storages on any device (CPU
+  included): each new storage is recorded as an allocation with a category (parameter,
+  buffer, gradient, activation, optimizer state, temporary) and freed when PyTorch frees it.
+- :func:`hook` turns modules into link scopes and operators into function scopes (forward and
+  backward), so the ``functions`` and ``timers`` reports have PyTorch's names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import PoolsightError, Recording, _native, active
+
+__all__ = [
+    "CATEGORIES",
+    "empty_cache",
+    "hook",
+    "memory_stats",
+    "set_limit",
+    "track",
+    "use_pool",
+]
+
+#: The categories :func:`track` gives allocations, as PyTorch's ``MemTracker`` names them.
+CATEGORIES = ("parameter", "buffer", "gradient", "activation", "optimizer_state", "temporary")
+
+_KIND_FUNCTION, _KIND_LINK = 1, 2
+_PHASE_FORWARD, _PHASE_BACKWARD = 1, 2
+
+
+def _recording(rec: Recording | None) -> Recording:
+    rec = rec if rec is not None else active()
+    if rec is None:
+        raise PoolsightError(
+            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
+        )
+    if rec.closed:
+        raise PoolsightError(f"the recording of {rec.path} is finished")
+    return rec
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+# -- the allocator --------------------------------------------------------------------------------
+
+
+def _cuda_device_index(device: Any) -> int:
+    if device is None:
+        return 0
+    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if d.type != "cuda":
+        raise ValueError(f"use_pool serves CUDA devices; {str(d)!r} is not one")
+    return d.index or 0
+
+
+def use_pool(
+    device: Any = None,
+    *,
+    recorder: Recording | None = None,
+    stacks: str | None = None,
+    max_depth: int | None = None,
+    limit: int | None = None,
+) -> None:
+    """Makes poolsight's pool PyTorch's CUDA allocator (``CUDAPluggableAllocator``).
+
+    Call it before anything touches CUDA (PyTorch allows one allocator change, before its
+    first CUDA allocation). With a recording (``recorder``, or the one open with
+    :func:`poolsight.record`) every allocation is recorded with its stack at the recording's
+    ``stacks`` level. ``limit`` caps the bytes the pool holds on ``device``.
+
+    What changes: ``torch.cuda.memory_allocated()`` and friends no longer see the memory (they
+    report PyTorch's own allocator); use :func:`memory_stats`. ``torch.cuda.empty_cache()``
+    does not reach the pool; use :func:`empty_cache`.
+    """
+    index = _cuda_device_index(device)
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            "poolsight.torch.use_pool needs CUDA, and torch.cuda.is_available() is False here; "
+            "poolsight.torch.track() records on any device"
+        )
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"cuda:{index} does not exist ({torch.cuda.device_count()} devices)")
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "poolsight.torch.use_pool must run before CUDA is first used in this process "
+            "(PyTorch cannot change its allocator afterwards): call it at the start"
+        )
+    rec = recorder if recorder is not None else active()
+    level = stacks or (rec.stacks if rec is not None else "scopes")
+    depth = max_depth if max_depth is not None else (rec.max_depth if rec is not None else 0)
+    if level not in ("scopes", "python"):
+        raise ValueError(f"stacks must be 'scopes' or 'python', not {level!r}")
+    _native.torch_allocator_install(
+        rec._native if rec is not None else None, level == "python", depth
+    )
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(
+        _native.__file__, "poolsight_torch_malloc", "poolsight_torch_free"
+    )
+    torch.cuda.memory.change_current_allocator(allocator)
+    if limit is not None:
+        _native.torch_allocator_set_limit(index, int(limit))
+
+
+def memory_stats(device: Any = None) -> dict:
+    """What ``torch.cuda.memory_stats`` would say for poolsight's pool on ``device``:
+    allocated, reserved and cached bytes, the limit, live allocations, failed mallocs.
+    Empty before :func:`use_pool` or before the device's first allocation."""
+    return _native.torch_allocator_stats(_cuda_device_index(device)) or {}
+
+
+def empty_cache(device: Any = None) -> int:
+    """Returns the pool's cached blocks on ``device`` to CUDA; the bytes released."""
+    return _native.torch_allocator_empty_cache(_cuda_device_index(device))
+
+
+def set_limit(nbytes: int, device: Any = None) -> None:
+    """Caps the bytes poolsight's pool may hold on ``device`` (0: no limit)."""
+    _native.torch_allocator_set_limit(_cuda_device_index(device), int(nbytes))
+
+
+# -- scopes: modules as links, operators as functions -----------------------------------------
+
+
+class _ModuleScopes:
+    """Forward hooks that open a link scope per module call, named by its class."""
+
+    def __init__(self, rec: Recording, model: torch.nn.Module):
+        self._native = rec._native
+        self._open: dict[int, list[int]] = {}
+        self._handles = []
+        for module in model.modules():
+            name = type(module).__name__
+            code = getattr(type(module).forward, "__code__", None)
+            file = code.co_filename if code else ""
+            line = code.co_firstlineno if code else 0
+            self._handles.append(module.register_forward_pre_hook(self._pre(name, file, line)))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, name: str, file: str, line: int):
+        native, open_ = self._native, self._open
+
+        def pre(module: torch.nn.Module, _inputs: Any) -> None:
+            token = native.enter(_KIND_LINK, name, 0, file, line)
+            open_.setdefault(id(module), []).append(token)
+
+        return pre
+
+    def _post(self, module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
+        tokens = self._open.get(id(module))
+        if tokens:
+            self._native.exit(tokens.pop())
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+
+class _OpScopes(TorchDispatchMode):
+    """Every ATen operator call as a function scope, forward or backward."""
+
+    def __init__(self, rec: Recording):
+        super().__init__()
+        self._native = rec._native
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        phase = _PHASE_BACKWARD if _in_backward() else _PHASE_FORWARD
+        token = self._native.enter(_KIND_FUNCTION, _op_name(func), phase, "", 0)
+        try:
+            out = func(*args, **(kwargs or {}))
+            # With track() on too, the outputs are recorded while the op's scope is open,
+            # whichever of the two modes was entered first.
+            tracker = _trackers.get(id(self._native))
+            if tracker is not None:
+                tracker.track_outputs(out)
+            return out
+        finally:
+            self._native.exit(token)
+
+
+def _op_name(func: Any) -> str:
+    # "aten::addmm": the operator as the profiler and error messages name it.
+    schema = getattr(func, "_schema", None)
+    return schema.name if schema is not None else str(func)
+
+
+@contextlib.contextmanager
+def hook(
+    model: torch.nn.Module,
+    recorder: Recording | None = None,
+    *,
+    links: bool = True,
+    functions: bool = True,
+) -> Iterator[None]:
+    """``with poolsight.torch.hook(model):`` records every module call of ``model`` as a link
+    scope named by its class (``poolsight timers --links``), and every operator as a function
+    scope named as PyTorch names it (``aten::addmm``), forward or backward
+    (``poolsight functions``). Scopes nest: an allocation counts for every open scope."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"hook() needs a torch.nn.Module, not {type(model).__name__}")
+    rec = _recording(recorder)
+    modules = _ModuleScopes(rec, model) if links else None
+    with contextlib.ExitStack() as stack:
+        if functions:
+            stack.enter_context(_OpScopes(rec))
+        try:
+            yield
+        finally:
+            if modules is not None:
+                modules.remove()
+
+
+# -- the observer -------------------------------------------------------------------------------
+
+# Memory event kinds (MemKind in schema/trace.fbs).
+_MALLOC_POST, _ALLOC_POST = 1, 3
+
+# The tracker active for each recording (by its native recorder's id).
+_trackers: dict = {}
+
+
+class _Tracker(TorchDispatchMode):
+    """Records tensor storages as allocations, each freed through a weakref finalizer, with a
+    category: the approach of PyTorch's ``MemTracker``, written into a trace."""
+
+    def __init__(self, rec: Recording, model: torch.nn.Module | None, optimizers: list):
+        super().__init__()
+        self._rec = rec
+        self._native = rec._native
+        self._seen = WeakIdKeyDictionary()
+        self._devices: dict[str, int] = {}
+        self._category_stacks: dict[tuple[int, str], int] = {}
+        self._in_optimizer = False
+        self._forward_depth = 0
+        self._handles: list = []
+        if model is not None:
+            self._watch_model(model)
+        for opt in optimizers:
+            self._watch_optimizer(opt)
+
+    # Devices are numbered in the trace as they are first seen.
+    def _device(self, t: torch.Tensor) -> int:
+        key = str(t.device)
+        dev = self._devices.get(key)
+        if dev is None:
+            dev = len(self._devices)
+            self._devices[key] = dev
+            self._native.define_device(dev, key, 0, 1)
+        return dev
+
+    def _stack(self, category: str) -> int:
+        base = self._rec.stack(skip=2)
+        key = (base, category)
+        stack = self._category_stacks.get(key)
+        if stack is None:
+            stack = self._native.category_stack(base, category)
+            self._category_stacks[key] = stack
+        return stack
+
+    def track_tensor(self, t: torch.Tensor, category: str, relabel: bool = False) -> None:
+        """Records ``t``'s storage once, under ``category``. With ``relabel``, a storage seen
+        before under another category moves to this one (PyTorch's ``MemTracker`` does the
+        same for gradients, which are first seen as the output of a backward op): in the trace
+        the block is freed from its old category and allocated under the new one at the same
+        instant, so live bytes never double."""
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        seen = self._seen.get(st)
+        if seen is not None and (not relabel or seen[0] == category):
+            return
+        nbytes = st.nbytes()
+        ptr = st.data_ptr()
+        dev = self._device(t)
+        if seen is not None:
+            seen[1].detach()
+            self._native.freed(seen[2], ptr, dev)
+        stack = self._stack(category)
+        self._native.mem(_MALLOC_POST, nbytes, ptr, stack, dev)
+        self._native.mem(_ALLOC_POST, nbytes, ptr, stack, dev)
+        finalizer = weakref.finalize(st, self._native.freed, nbytes, ptr, dev)
+        self._seen[st] = (category, finalizer, nbytes)
+
+    def category(self) -> str:
+        """What an allocation made now is, from where in the step it happens."""
+        if self._in_optimizer:
+            return "optimizer_state"
+        if self._forward_depth > 0 and not _in_backward():
+            return "activation"
+        return "temporary"
+
+    def track_outputs(self, out: Any) -> None:
+        category = self.category()
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track_tensor(t, category)
+
+    def _watch_model(self, model: torch.nn.Module) -> None:
+        for p in model.parameters():
+            self.track_tensor(p, "parameter")
+            self._handles.append(
+                p.register_post_accumulate_grad_hook(
+                    lambda p: self.track_tensor(p.grad, "gradient", relabel=True)
+                )
+            )
+        for b in model.buffers():
+            self.track_tensor(b, "buffer")
+        self._handles.append(model.register_forward_pre_hook(self._enter_forward))
+        self._handles.append(model.register_forward_hook(self._exit_forward, always_call=True))
+
+    def _enter_forward(self, *_: Any) -> None:
+        self._forward_depth += 1
+
+    def _exit_forward(self, *_: Any) -> None:
+        self._forward_depth = max(0, self._forward_depth - 1)
+
+    def _watch_optimizer(self, opt: torch.optim.Optimizer) -> None:
+        def pre(*_: Any) -> None:
+            self._in_optimizer = True
+
+        def post(*_: Any) -> None:
+            self._in_optimizer = False
+            for state in opt.state.values():
+                for v in state.values():
+                    self.track_tensor(v, "optimizer_state", relabel=True)
+
+        self._handles.append(opt.register_step_pre_hook(pre))
+        self._handles.append(opt.register_step_post_hook(post))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.track_outputs(out)
+        return out
+
+
+@contextlib.contextmanager
+def track(
+    model: torch.nn.Module | None = None,
+    optimizer: Any = None,
+    recorder: Recording | None = None,
+    *,
+    scopes: bool = True,
+) -> Iterator[_Tracker]:
+    """``with poolsight.torch.track(model, optimizer):`` records every tensor storage created
+    meanwhile (and ``model``'s parameters, buffers and gradients, and ``optimizer``'s state) as
+    an allocation with a category, on any device, keeping PyTorch's own allocator. With
+    ``scopes`` (the default) the model's modules are link scopes too, so reports break memory
+    down by module and category. Yields the tracker (``tracker.track_tensor(t, category)``
+    records tensors made outside, e.g. a batch loaded before)."""
+    rec = _recording(recorder)
+    optimizers = (
+        []
+        if optimizer is None
+        else (list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer])
+    )
+    modules = _ModuleScopes(rec, model) if (scopes and model is not None) else None
+    key = id(rec._native)
+    if key in _trackers:
+        raise PoolsightError("track() is already active for this recording")
+    tracker = _Tracker(rec, model, optimizers)
+    _trackers[key] = tracker
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        del _trackers[key]
+        tracker.remove()
+        if modules is not None:
+            modules.remove()

@@ -1,0 +1,499 @@
+//! `poolsight._native`: the Python package's bindings over the Rust core. Everything here is a
+//! thin layer over `poolsight-capi`'s `Session` (recording) and `SessionPool` (the pool), and
+//! over the `poolsight` CLI; the Python sources in `python/poolsight/` add the idioms (context
+//! managers, decorators, framework integrations).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use rustc_hash::FxHashMap;
+
+use poolsight_capi::{Session, SessionError, SessionPool};
+use poolsight_recorder::{MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
+
+mod stacks;
+mod torch_alloc;
+
+create_exception!(
+    _native,
+    PoolsightError,
+    PyException,
+    "A recording or pool operation poolsight refused, with the reason."
+);
+
+fn err(e: SessionError) -> PyErr {
+    PoolsightError::new_err(e.to_string())
+}
+
+fn kind_of(kind: u32) -> PyResult<ScopeKind> {
+    match kind {
+        1 => Ok(ScopeKind::Function),
+        2 => Ok(ScopeKind::Link),
+        3 => Ok(ScopeKind::Scope),
+        other => Err(PyValueError::new_err(format!(
+            "scope kind {other} is not 1 (function), 2 (link) or 3 (scope)"
+        ))),
+    }
+}
+
+fn phase_of(phase: u32) -> PyResult<Phase> {
+    match phase {
+        0 => Ok(Phase::None),
+        1 => Ok(Phase::Forward),
+        2 => Ok(Phase::Backward),
+        other => Err(PyValueError::new_err(format!(
+            "phase {other} is not 0 (none), 1 (forward) or 2 (backward)"
+        ))),
+    }
+}
+
+/// An open trace file (``poolsight.record`` wraps it).
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct Recorder {
+    session: Arc<Session>,
+    stacks: Mutex<stacks::PythonStacks>,
+}
+
+impl Recorder {
+    fn stacks(&self) -> MutexGuard<'_, stacks::PythonStacks> {
+        self.stacks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl Recorder {
+    #[new]
+    #[pyo3(signature = (path, *, mode="grow", ring_slots=1024, chunk_size=65536, max_bytes=None,
+                        rank=None, world_size=None, cpu_source="none", command_line=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: &str,
+        mode: &str,
+        ring_slots: u32,
+        chunk_size: u32,
+        max_bytes: Option<u64>,
+        rank: Option<u32>,
+        world_size: Option<u32>,
+        cpu_source: &str,
+        command_line: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        let defaults = RecorderConfig::default();
+        let config = RecorderConfig {
+            mode: match mode {
+                "grow" => Mode::Grow,
+                "ring" => Mode::Ring { slots: ring_slots },
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "mode must be 'grow' or 'ring', not {other:?}"
+                    )))
+                }
+            },
+            chunk_size,
+            max_bytes: max_bytes.unwrap_or(defaults.max_bytes),
+            rank,
+            world_size,
+            cpu_source: match cpu_source {
+                "none" => poolsight_recorder::CpuSource::None,
+                "rss" => poolsight_recorder::CpuSource::Rss,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "cpu_source must be 'none' or 'rss', not {other:?}"
+                    )))
+                }
+            },
+            command_line,
+            ..defaults
+        };
+        let session = py.detach(|| Session::create(path, config)).map_err(err)?;
+        Ok(Recorder {
+            session: Arc::new(session),
+            stacks: Mutex::new(stacks::PythonStacks::new(py)?),
+        })
+    }
+
+    #[getter]
+    fn path(&self) -> &str {
+        self.session.path()
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.session.is_finished()
+    }
+
+    #[getter]
+    fn dropped_events(&self) -> u64 {
+        self.session.dropped_events()
+    }
+
+    /// Seals the file; returns {events, chunks, dropped_events, file_bytes}.
+    fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.session.finish()).map_err(err)?;
+        let d = PyDict::new(py);
+        d.set_item("events", s.events)?;
+        d.set_item("chunks", s.chunks)?;
+        d.set_item("dropped_events", s.dropped_events)?;
+        d.set_item("file_bytes", s.file_bytes)?;
+        Ok(d)
+    }
+
+    /// Opens a scope on this thread; returns a token for ``exit``.
+    fn enter(&self, kind: u32, name: &str, phase: u32, file: &str, line: u32) -> PyResult<Token> {
+        let token = self
+            .session
+            .enter(kind_of(kind)?, name, phase_of(phase)?, file, line)
+            .map_err(err)?;
+        Ok(Token(token))
+    }
+
+    /// Closes the scope of ``token`` (from ``enter`` on this thread).
+    fn exit(&self, token: &Token) -> PyResult<()> {
+        self.session.exit(token.0).map_err(err)
+    }
+
+    /// Describes a device that ``mem`` events name by ``id``.
+    #[pyo3(signature = (id, name, capacity=0, allocation_unit=1))]
+    fn define_device(
+        &self,
+        id: u32,
+        name: &str,
+        capacity: u64,
+        allocation_unit: u64,
+    ) -> PyResult<()> {
+        self.session
+            .define_device(id, name, capacity, allocation_unit)
+            .map_err(err)
+    }
+
+    /// ``base`` plus a label frame (a memory category such as ``activation``).
+    fn category_stack(&self, base: u32, category: &str) -> PyResult<u32> {
+        self.session.push_label(base, category).map_err(err)
+    }
+
+    /// Records a memory event observed in another allocator: ``kind`` as in the trace format
+    /// (1 malloc, 3 device alloc, 5 free; see MemKind), ``size`` bytes at ``ptr``.
+    #[pyo3(signature = (kind, size, ptr=0, stack=0, device=0, stream=0))]
+    fn mem(
+        &self,
+        kind: u8,
+        size: u64,
+        ptr: u64,
+        stack: u32,
+        device: u32,
+        stream: u32,
+    ) -> PyResult<()> {
+        let kind = mem_kind(kind)?;
+        self.session
+            .mem_event(kind, device, stream, ptr, size, stack, 0);
+        Ok(())
+    }
+
+    /// An observed block went back to its allocator (a free and, for allocators that return
+    /// memory at once, the device's release of it). Never raises: it runs from finalizers,
+    /// possibly after the recording finished.
+    #[pyo3(signature = (size, ptr, device=0))]
+    fn freed(&self, size: u64, ptr: u64, device: u32) {
+        self.session
+            .mem_event(MemKind::FreePost, device, 0, ptr, size, 0, 0);
+    }
+
+    /// A context manager opening one scope per ``with``.
+    fn scope(
+        slf: Bound<'_, Self>,
+        kind: u32,
+        name: String,
+        phase: u32,
+        file: String,
+        line: u32,
+    ) -> PyResult<ScopeGuard> {
+        kind_of(kind)?;
+        phase_of(phase)?;
+        Ok(ScopeGuard {
+            recorder: slf.unbind(),
+            kind,
+            name,
+            phase,
+            file,
+            line,
+            tokens: Mutex::new(Vec::new()),
+        })
+    }
+
+    #[pyo3(signature = (epoch, cpu_bytes=0))]
+    fn epoch_begin(&self, epoch: u32, cpu_bytes: u64) -> PyResult<()> {
+        self.session.epoch_begin(epoch, cpu_bytes).map_err(err)
+    }
+
+    #[pyo3(signature = (epoch, cpu_bytes=0, cpu_peak=0))]
+    fn epoch_end(&self, epoch: u32, cpu_bytes: u64, cpu_peak: u64) -> PyResult<()> {
+        self.session
+            .epoch_end(epoch, cpu_bytes, cpu_peak)
+            .map_err(err)
+    }
+
+    fn cpu_sample(&self, cpu_bytes: u64) -> PyResult<()> {
+        self.session.cpu_sample(cpu_bytes).map_err(err)
+    }
+
+    /// The stack of the scopes open on this thread (0: none).
+    fn scopes_stack(&self) -> PyResult<u32> {
+        self.session.current_stack().map_err(err)
+    }
+
+    /// The open scopes plus the caller's Python frames, as CuPy's ``LineProfileHook`` takes
+    /// them: outermost first, poolsight's own frames left out, and with ``max_depth`` > 0 only
+    /// the outermost ``max_depth - 1`` frames. ``skip`` leaves out innermost frames.
+    #[pyo3(signature = (max_depth=0, skip=0))]
+    fn python_stack(&self, py: Python<'_>, max_depth: u32, skip: u32) -> PyResult<u32> {
+        let base = self.session.current_stack().map_err(err)?;
+        self.stacks()
+            .stack(py, &self.session, base, max_depth, skip)
+    }
+
+    /// A stack from explicit frames ``[(file, line, function), ...]``, outermost first, under
+    /// the open scopes.
+    fn frames_stack(&self, frames: Vec<(String, u32, String)>) -> PyResult<u32> {
+        let mut stack = self.session.current_stack().map_err(err)?;
+        for (file, line, function) in &frames {
+            stack = self
+                .session
+                .push_frame(stack, file, *line, function)
+                .map_err(err)?;
+        }
+        Ok(stack)
+    }
+
+    fn __repr__(&self) -> String {
+        let state = if self.closed() {
+            "finished"
+        } else {
+            "recording"
+        };
+        format!("<poolsight._native.Recorder {:?} {state}>", self.path())
+    }
+}
+
+/// An open scope, from ``Recorder.enter`` for ``Recorder.exit``.
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct Token(ScopeToken);
+
+fn mem_kind(kind: u8) -> PyResult<MemKind> {
+    Ok(match kind {
+        0 => MemKind::MallocPre,
+        1 => MemKind::MallocPost,
+        2 => MemKind::AllocPre,
+        3 => MemKind::AllocPost,
+        4 => MemKind::FreePre,
+        5 => MemKind::FreePost,
+        6 => MemKind::Release,
+        7 => MemKind::OutOfMemory,
+        8 => MemKind::LimitSet,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "memory event kind {other} is not one of 0..=8 (MemKind in the trace format)"
+            )))
+        }
+    })
+}
+
+/// ``with recorder.scope(...)``: one scope per ``with``, nesting and re-entrant.
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct ScopeGuard {
+    recorder: Py<Recorder>,
+    kind: u32,
+    name: String,
+    phase: u32,
+    file: String,
+    line: u32,
+    tokens: Mutex<Vec<Token>>,
+}
+
+#[pymethods]
+impl ScopeGuard {
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        let g = slf.get();
+        let token = g
+            .recorder
+            .get()
+            .enter(g.kind, &g.name, g.phase, &g.file, g.line)?;
+        g.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(token);
+        Ok(slf)
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        let token = self.tokens.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        if let Some(token) = token {
+            self.recorder.get().exit(&token)?;
+        }
+        Ok(false)
+    }
+}
+
+/// poolsight's CuPy-style caching pool, addressed by integers (device pointers).
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct Pool {
+    pool: SessionPool,
+    recorder: Option<Py<Recorder>>,
+    python_stacks: bool,
+    max_depth: u32,
+}
+
+#[pymethods]
+impl Pool {
+    /// ``Pool(recorder=None, device="host", capacity=1 << 30, stacks=None, max_depth=None)``.
+    /// ``device`` is ``"host"`` (simulated device memory of ``capacity`` bytes, real host
+    /// memory) or ``"cuda:N"``; ``stacks`` and ``max_depth`` default to the recording's.
+    #[new]
+    #[pyo3(signature = (recorder=None, *, device="host", capacity=1u64 << 30, stacks=None, max_depth=None))]
+    fn new(
+        py: Python<'_>,
+        recorder: Option<&Bound<'_, PyAny>>,
+        device: &str,
+        capacity: u64,
+        stacks: Option<String>,
+        max_depth: Option<u32>,
+    ) -> PyResult<Self> {
+        // Unless told otherwise, allocations get the stacks the recording was opened with.
+        let setting = |name: &str| recorder.and_then(|r| r.getattr(name).ok());
+        let stacks = match stacks {
+            Some(s) => s,
+            None => setting("stacks")
+                .and_then(|v| v.extract::<String>().ok())
+                .unwrap_or_else(|| "scopes".into()),
+        };
+        let max_depth = match max_depth {
+            Some(d) => d,
+            None => setting("max_depth")
+                .and_then(|v| v.extract::<u32>().ok())
+                .unwrap_or(0),
+        };
+        let recorder = match recorder {
+            None => None,
+            Some(r) => Some(native_recorder(r)?),
+        };
+        let python_stacks = match stacks.as_str() {
+            "scopes" => false,
+            "python" => true,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "stacks must be 'scopes' or 'python', not {other:?}"
+                )))
+            }
+        };
+        let session = recorder.as_ref().map(|r| Arc::clone(&r.get().session));
+        let pool = match device {
+            "host" => SessionPool::host(session, 0, capacity),
+            d => match d.strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()) {
+                Some(n) => py.detach(|| SessionPool::cuda(session, n)),
+                None => {
+                    return Err(PyValueError::new_err(format!(
+                        "device must be 'host' or 'cuda:N', not {d:?}"
+                    )))
+                }
+            },
+        }
+        .map_err(err)?;
+        Ok(Pool {
+            pool,
+            recorder,
+            python_stacks,
+            max_depth,
+        })
+    }
+
+    /// Allocates ``size`` bytes on ``stream``; returns the address (0 for 0 bytes). Raises
+    /// ``PoolsightError`` when out of memory.
+    #[pyo3(signature = (size, stream=0))]
+    fn malloc(&self, py: Python<'_>, size: u64, stream: u32) -> PyResult<u64> {
+        let stack = match (&self.recorder, self.python_stacks) {
+            (Some(r), true) => r.get().python_stack(py, self.max_depth, 0)?,
+            _ => 0,
+        };
+        self.pool.malloc(size, stream, stack).map_err(err)
+    }
+
+    /// Returns ``ptr`` to the pool. Raises ``PoolsightError`` for an address it did not give.
+    fn free(&self, ptr: u64) -> PyResult<()> {
+        self.pool.free(ptr).map_err(err)
+    }
+
+    #[getter]
+    fn used_bytes(&self) -> u64 {
+        self.pool.pool().used_bytes()
+    }
+
+    #[getter]
+    fn total_bytes(&self) -> u64 {
+        self.pool.pool().total_bytes()
+    }
+
+    #[getter]
+    fn free_bytes(&self) -> u64 {
+        self.pool.pool().free_bytes()
+    }
+
+    #[getter]
+    fn live_allocations(&self) -> usize {
+        self.pool.live_allocations()
+    }
+
+    fn free_all_blocks(&self) -> u64 {
+        self.pool.pool().free_all_blocks(None)
+    }
+
+    fn set_limit(&self, bytes: u64) {
+        self.pool.pool().set_limit(bytes)
+    }
+
+    #[getter]
+    fn limit(&self) -> u64 {
+        self.pool.pool().get_limit()
+    }
+}
+
+/// A native recorder from a ``Recorder`` or from anything holding one in ``_native`` (the
+/// Python ``Recording``).
+fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
+    if let Ok(r) = obj.cast::<Recorder>() {
+        return Ok(r.clone().unbind());
+    }
+    match obj.getattr("_native") {
+        Ok(inner) => Ok(inner.cast::<Recorder>()?.clone().unbind()),
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "expected a poolsight recording, got {}",
+            obj.get_type().name()?
+        ))),
+    }
+}
+
+/// Runs the poolsight CLI with ``argv`` (``argv[0]`` is the program name); returns its exit
+/// code. Output goes to this process's stdout and stderr.
+#[pyfunction]
+fn cli(py: Python<'_>, argv: &Bound<'_, PyList>) -> PyResult<i32> {
+    let args: Vec<String> = argv.extract()?;
+    Ok(py.detach(|| poolsight::cli::run_args(args)).into())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("PoolsightError", m.py().get_type::<PoolsightError>())?;
+    m.add_class::<Recorder>()?;
+    m.add_class::<ScopeGuard>()?;
+    m.add_class::<Token>()?;
+    m.add_class::<Pool>()?;
+    m.add_function(wrap_pyfunction!(cli, m)?)?;
+    torch_alloc::register(m)?;
+    Ok(())
+}
+
+/// Keeps `FxHashMap` in one place for the submodules.
+pub(crate) type Map<K, V> = FxHashMap<K, V>;

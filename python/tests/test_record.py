@@ -1,0 +1,253 @@
+"""Recording from Python: scopes, epochs, the pool, the CLI on what was recorded, bad input."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import report_json, run_cli
+
+import poolsight
+
+
+def test_scopes_and_pool_allocations_make_the_functions_table(trace):
+    with poolsight.record(trace) as rec:
+        pool = poolsight.Pool(rec)
+        with rec.link("MLP"):
+            with rec.function("LinearFunction", "forward"):
+                a = pool.malloc(1000)  # 1024 bytes in the pool's 512-byte unit
+                b = pool.malloc(3000)  # 3072
+                pool.free(a)
+                pool.free(b)
+            with rec.function("ReLU", "forward"):
+                pool.free(pool.malloc(100))  # 512, served from the cache
+    assert rec.closed
+    rows = {r["name"]: r for r in report_json("functions", trace)["functions"]}
+    assert rows["LinearFunction"]["used_bytes"] == 1024 + 3072
+    assert rows["LinearFunction"]["occurrence"] == 1
+    assert rows["ReLU"]["used_bytes"] == 512
+    assert rows["ReLU"]["acquired_bytes"] == 0, "the ReLU malloc was a cache hit"
+    links = report_json("timers", trace)["links"]
+    assert [link["name"] for link in links] == ["MLP"]
+
+
+def test_a_decorated_function_is_one_scope_per_call(trace):
+    with poolsight.record(trace) as rec:
+        pool = poolsight.Pool(rec)
+
+        @rec.function("Step", phase="backward")
+        def step(n):
+            pool.free(pool.malloc(n))
+            return n
+
+        assert [step(512), step(1024), step(2048)] == [512, 1024, 2048]
+        assert step.__name__ == "step", "functools.wraps keeps the name"
+    rows = report_json("functions", trace)["functions"]
+    assert rows == [
+        {
+            "name": "Step",
+            "used_bytes": 512 + 1024 + 2048,
+            "acquired_bytes": rows[0]["acquired_bytes"],
+            "occurrence": 3,
+            "self_used_bytes": 512 + 1024 + 2048,
+            "self_acquired_bytes": rows[0]["self_acquired_bytes"],
+        }
+    ]
+
+
+def test_epochs_give_one_row_each(trace):
+    with poolsight.record(trace) as rec:
+        pool = poolsight.Pool(rec)
+        kept = []
+        for epoch in (1, 2):
+            with rec.epoch(epoch):
+                kept.append(pool.malloc(3 << 20))
+    epochs = report_json("epochs", trace)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert epochs[0]["gpu_used_mb"] == 3
+    assert all(e["cpu_used_bytes"] >= 0 for e in epochs)
+
+
+def test_info_says_the_run_finished_and_counts_no_drops(trace):
+    with poolsight.record(trace, rank=3, world_size=4) as rec:
+        with rec.scope("step"):
+            pass
+    summary = rec._native.closed
+    assert summary is True
+    info = report_json("info", trace)
+    assert info["finished"] is True
+    assert info["dropped_events"] == 0
+    assert info["rank"] == 3
+
+
+def test_ring_mode_records_too(trace):
+    with poolsight.record(trace, mode="ring", ring_slots=4, chunk_size=4096) as rec:
+        pool = poolsight.Pool(rec)
+        for _ in range(2000):
+            pool.free(pool.malloc(1000))
+    info = report_json("info", trace)
+    assert info["finished"] is True
+    # Only the newest chunks survive the ring, but what survived reads back.
+    assert 0 < info["events"].get("malloc_post", 0) < 2000
+
+
+def test_scopes_nest_per_thread():
+    import threading
+
+    errors = []
+
+    def worker(rec, name):
+        try:
+            with rec.scope(name):
+                with rec.function(f"{name}-fn"):
+                    pass
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "threads.pstrace")
+        with poolsight.record(path) as rec:
+            threads = [threading.Thread(target=worker, args=(rec, f"t{i}")) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        assert errors == []
+        names = {r["name"] for r in report_json("functions", path)["functions"]}
+        assert names == {f"t{i}-fn" for i in range(4)}
+
+
+# -- bad input: one clear exception, never a crash -------------------------------------------
+
+
+def test_a_path_that_cannot_be_created_raises_at_record(tmp_path):
+    missing = tmp_path / "no-such-dir" / "run.pstrace"
+    with pytest.raises(poolsight.PoolsightError, match="no-such-dir"):
+        poolsight.record(missing)
+
+
+def test_a_non_writable_path_raises_at_record(tmp_path):
+    if os.geteuid() == 0:
+        target = "/proc/version"  # not writable even for root
+    else:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o500)
+        target = d / "run.pstrace"
+    with pytest.raises(poolsight.PoolsightError):
+        poolsight.record(target)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"mode": "circular"}, "mode must be"),
+        ({"stacks": "native"}, "stacks must be"),
+        ({"cpu": "vms"}, "cpu must be"),
+        ({"max_depth": -1}, "max_depth"),
+    ],
+)
+def test_wrong_arguments_raise_value_errors(trace, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        poolsight.record(trace, **kwargs)
+
+
+def test_a_finished_recording_refuses_more_events(trace):
+    rec = poolsight.record(trace)
+    rec.finish()
+    with pytest.raises(poolsight.PoolsightError, match="finished"):
+        with rec.scope("late"):
+            pass
+    with pytest.raises(poolsight.PoolsightError, match="finished"):
+        rec.finish()
+    with pytest.raises(poolsight.PoolsightError, match="finished"):
+        rec.epoch_begin(1)
+
+
+def test_wrong_phase_and_epoch_numbers(trace):
+    with poolsight.record(trace) as rec:
+        with pytest.raises(ValueError, match="phase"):
+            rec.function("f", phase="sideways")
+        with pytest.raises(ValueError, match="epoch"):
+            rec.epoch_begin(-1)
+        with pytest.raises(ValueError, match="epoch"):
+            rec.epoch_begin(1.5)
+
+
+def test_pool_errors_are_exceptions(trace):
+    with poolsight.record(trace) as rec:
+        pool = poolsight.Pool(rec, capacity=1 << 20)
+        with pytest.raises(poolsight.PoolsightError, match="out of memory"):
+            pool.malloc(2 << 20)
+        p = pool.malloc(1000)
+        pool.free(p)
+        with pytest.raises(poolsight.PoolsightError, match="not an allocation"):
+            pool.free(p)
+        with pytest.raises(ValueError, match="device"):
+            poolsight.Pool(rec, device="tpu:0")
+        with pytest.raises(TypeError):
+            poolsight.Pool("not a recording")
+        with pytest.raises(OverflowError):
+            pool.malloc(-1)
+    # The failed request is in the trace, as an out-of-memory event.
+    info = report_json("info", trace)
+    assert info["events"].get("out_of_memory", 0) == 1
+
+
+def test_cuda_pool_without_cuda_is_a_clear_error(trace):
+    with poolsight.record(trace) as rec:
+        try:
+            pool = poolsight.Pool(rec, device="cuda:0")
+        except poolsight.PoolsightError as e:
+            assert "cuda" in str(e).lower()
+        else:  # a machine with a GPU
+            pool.free(pool.malloc(1 << 20))
+
+
+# -- crash safety ------------------------------------------------------------------------------
+
+
+def test_a_killed_process_leaves_a_readable_trace(trace):
+    script = textwrap.dedent(
+        f"""
+        import os, signal, poolsight
+        rec = poolsight.record({str(trace)!r})
+        pool = poolsight.Pool(rec)
+        with rec.function("BeforeTheKill"):
+            for _ in range(100):
+                pool.free(pool.malloc(4096))
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    info = report_json("info", trace)
+    assert info["finished"] is False
+    assert info["events"].get("malloc_post", 0) == 100
+    rows = report_json("functions", trace)["functions"]
+    assert rows[0]["name"] == "BeforeTheKill"
+    assert rows[0]["used_bytes"] == 100 * 4096
+
+
+# -- the CLI the wheel installs -------------------------------------------------------------------
+
+
+def test_the_cli_is_installed_and_exits_2_on_bad_usage(trace):
+    assert "report" in run_cli("--help").stdout
+    bad = run_cli("report", "--no-such-flag", trace, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0, "one line on stderr"
+    missing = run_cli("report", trace, check=False)
+    assert missing.returncode == 2
+
+
+def test_main_runs_the_cli_in_process(trace, capfd):
+    with poolsight.record(trace) as rec:
+        with rec.scope("step"):
+            pass
+    assert poolsight.main(["info", str(trace)]) == 0
+    assert "finished" in capfd.readouterr().out

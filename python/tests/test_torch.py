@@ -1,0 +1,221 @@
+"""PyTorch on CPU: modules as links, operators as functions, tensor storages observed with a
+category, epochs, the Lightning callback; what needs CUDA skips with a printed reason."""
+
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import report_json  # noqa: E402
+
+import poolsight  # noqa: E402
+import poolsight.torch as pst  # noqa: E402
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+        )
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def make_data(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 32, generator=g)
+    y = (x[:, :10].argmax(dim=1)).long()
+    return x, y
+
+
+def train(model, opt, x, y, steps):
+    losses = []
+    for i in range(steps):
+        xb, yb = x[(i * 32) % 256 :][:32], y[(i * 32) % 256 :][:32]
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_hook_turns_modules_into_links_and_ops_into_functions(trace):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = make_data()
+    with poolsight.record(trace) as rec:
+        with pst.hook(model), pst.track(model, opt, scopes=False):
+            train(model, opt, x, y, steps=3)
+    links = {r["name"]: r for r in report_json("timers", trace)["links"]}
+    assert links["Linear"]["occurrence"] == 2 * 3
+    assert links["ReLU"]["occurrence"] == 3
+    assert links["MLP"]["occurrence"] == 3
+    functions = {r["name"]: r for r in report_json("functions", trace)["functions"]}
+    assert functions["aten::addmm"]["occurrence"] >= 2 * 3
+    assert functions["aten::addmm"]["used_bytes"] > 0, "addmm's outputs are allocations"
+    # Backward ops run as function scopes too (on CPU, on this thread).
+    assert "aten::threshold_backward" in functions
+    assert rec.closed
+
+
+def test_hook_is_removed_after_the_with(trace):
+    model = MLP()
+    with poolsight.record(trace):
+        with pst.hook(model):
+            model(torch.randn(4, 32))
+        model(torch.randn(4, 32))  # outside: not recorded
+    links = {r["name"]: r for r in report_json("timers", trace)["links"]}
+    assert links["MLP"]["occurrence"] == 1
+
+
+def test_track_records_each_category(trace):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = make_data()
+    param_bytes = sum(p.untyped_storage().nbytes() for p in model.parameters())
+    with poolsight.record(trace) as rec:
+        with pst.track(model, opt):
+            with rec.epoch(1):
+                losses = train(model, opt, x, y, steps=4)
+    assert losses[-1] < losses[0], "training still trains"
+    root = report_json("lines", trace)["root"]
+
+    def totals(node, acc):
+        for c in node.get("children", []):
+            acc[c["function"]] = acc.get(c["function"], 0) + c["used_bytes"]
+            totals(c, acc)
+        return acc
+
+    by_name = totals(root, {})
+    assert by_name["parameter"] == param_bytes
+    # set_to_none=True: every step makes new gradients, and `used` counts every allocation.
+    assert by_name["gradient"] == 4 * param_bytes
+    assert by_name["optimizer_state"] >= 2 * param_bytes  # Adam: exp_avg, exp_avg_sq
+    assert by_name["activation"] > 0
+    assert by_name["temporary"] > 0
+    epochs = report_json("epochs", trace)["epochs"]
+    assert len(epochs) == 1 and epochs[0]["gpu_peak_bytes"] > 0
+
+
+def test_track_frees_what_pytorch_frees(trace):
+    with poolsight.record(trace):
+        with pst.track() as tracker:
+            t = torch.empty(1 << 20, dtype=torch.uint8)
+            tracker.track_tensor(t, "temporary")
+            del t
+    info = report_json("info", trace)
+    assert info["events"]["malloc_post"] == info["events"]["free_post"]
+
+
+def test_track_with_python_stacks_names_the_line(trace):
+    def make_activation():
+        return torch.ones(1000, 250)  # 1,000,000 bytes
+
+    with poolsight.record(trace, stacks="python"):
+        with pst.track():
+            kept = make_activation()
+    del kept
+    text = report_json("lines", trace)["root"]
+
+    def find(node):
+        if node.get("function") == "make_activation":
+            return node
+        for c in node.get("children", []):
+            hit = find(c)
+            if hit:
+                return hit
+        return None
+
+    node = find(text)
+    assert node is not None and node["used_bytes"] >= 1_000_000
+
+
+def test_peak_matches_pytorch_mem_tracker(trace):
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    torch.manual_seed(0)
+    x, y = make_data()
+
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train(model, opt, x, y, steps=1)  # optimizer state exists before measuring, in both runs
+    mt = mem_tracker.MemTracker()
+    mt.track_external(model, opt)
+    with mt:
+        train(model, opt, x, y, steps=1)
+    theirs = mt.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train(model, opt, x, y, steps=1)
+    with poolsight.record(trace):
+        with pst.track(model, opt) as tracker:
+            for state in opt.state.values():
+                for v in state.values():
+                    tracker.track_tensor(v, "optimizer_state")
+            train(model, opt, x, y, steps=1)
+    ours = report_json("info", trace)["pool"]["peak_used_bytes"]
+    print(f"peak live bytes: poolsight {ours}, MemTracker {theirs}", file=sys.stderr)
+    assert abs(ours - theirs) <= 0.01 * theirs
+
+
+def test_use_pool_needs_cuda_and_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: use_pool is exercised by the GPU check script")
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        pst.use_pool()
+    with pytest.raises(ValueError, match="not one"):
+        pst.use_pool("cpu")
+    assert pst.memory_stats() == {}
+
+
+def test_hook_refuses_what_is_not_a_module(trace):
+    with poolsight.record(trace):
+        with pytest.raises(TypeError, match="nn.Module"):
+            with pst.hook("model"):
+                pass
+
+
+def test_without_a_recording_the_integrations_say_so():
+    with pytest.raises(poolsight.PoolsightError, match="no recording"):
+        with pst.hook(MLP()):
+            pass
+
+
+def test_lightning_callback_marks_epochs(trace):
+    L = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+    from poolsight.lightning import PoolsightCallback
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = MLP()
+
+        def training_step(self, batch, _):
+            xb, yb = batch
+            return torch.nn.functional.cross_entropy(self.net(xb), yb)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x, y = make_data(128)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    with poolsight.record(trace):
+        trainer = L.Trainer(
+            max_epochs=2,
+            callbacks=[PoolsightCallback()],
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(Module(), loader)
+    epochs = report_json("epochs", trace)["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1]

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Every test, Rust and Python, in one command. It sets up what the Python tests need in a
+# project-local virtual environment (.venv, reused when present): maturin, pytest, ruff, numpy
+# and PyTorch from PyPI (CPU is enough; about 4.6 GB the first time), then builds and installs
+# the poolsight wheel into it and runs pytest. Chainer gets its own environment (.venv-chainer:
+# it needs numpy < 2).
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh --rust     only `cargo test --workspace`
+#   scripts/test.sh --python   only the Python side (builds the wheel)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_rust=1
+want_python=1
+case "${1:-}" in
+  --rust) want_python=0 ;;
+  --python) want_rust=0 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--rust|--python]" >&2; exit 2 ;;
+esac
+
+if [ "$want_rust" = 1 ]; then
+  echo "== cargo test --workspace"
+  cargo test --workspace
+fi
+
+[ "$want_python" = 1 ] || exit 0
+
+VENV="${POOLSIGHT_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "== creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+echo "== Python test dependencies into $VENV"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+
+echo "== building and installing the poolsight wheel"
+rm -rf target/wheels
+"$VENV/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out target/wheels
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
+
+CHAINER_VENV="${POOLSIGHT_CHAINER_VENV:-.venv-chainer}"
+if [ -f python/requirements-chainer.txt ]; then
+  if [ ! -x "$CHAINER_VENV/bin/python" ]; then
+    echo "== creating $CHAINER_VENV (Chainer 7.8.1 needs numpy < 2)"
+    "$PY" -m venv "$CHAINER_VENV"
+  fi
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "setuptools<70" wheel
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation -r python/requirements-chainer.txt
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
+  export POOLSIGHT_CHAINER_PYTHON="$PWD/$CHAINER_VENV/bin/python"
+fi
+
+echo "== pytest"
+"$VENV/bin/python" -m pytest -q python/tests
