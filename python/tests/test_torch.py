@@ -219,3 +219,24 @@ def test_lightning_callback_marks_epochs(trace):
         trainer.fit(Module(), loader)
     epochs = report_json("epochs", trace)["epochs"]
     assert [e["epoch"] for e in epochs] == [0, 1]
+
+
+def test_the_example_trains_records_and_reports(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "examples" / "train_mlp.py"
+    out = tmp_path / "train.pstrace"
+    proc = subprocess.run(
+        [sys.executable, str(example), "--epochs", "2", "--steps", "20", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if "loss" in line]
+    assert len(losses) == 2 and losses[1] < losses[0]
+    assert "LinearFunction" not in proc.stdout  # PyTorch names, not Chainer's
+    assert "aten::addmm" in proc.stdout and "Linear" in proc.stdout
+    epochs = report_json("epochs", out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2]
