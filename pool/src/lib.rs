@@ -17,5 +17,7 @@ pub mod hooks;
 mod memory_pool;
 mod trace_hook;
 
-pub use memory_pool::{round_size, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE};
+pub use memory_pool::{
+    round_size, Collector, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE,
+};
 pub use trace_hook::{define_pool_device, TraceHook};
