@@ -114,7 +114,8 @@ enum Command {
     Functions {
         #[command(flatten)]
         input: Input,
-        /// auto (one unit per column), auto_foreach (per cell), or B, KB, MB, GB, TB, PB, EB.
+        /// auto (one unit per column, from its largest value), auto_foreach (one per cell), or
+        /// B, KB, MB, GB, TB, PB, EB, ZB.
         #[arg(long, default_value = "auto", value_parser = parse_unit)]
         unit: Unit,
         /// Add exclusive columns: bytes of the function's own mallocs, not its callees'.
@@ -139,7 +140,8 @@ enum Command {
         /// Only the function table.
         #[arg(long)]
         functions: bool,
-        /// auto (per row, as Chainer), sec, ms, us or ns.
+        /// auto (one unit for the table, from its largest time, as Chainer), auto_foreach (one
+        /// per row), sec, ms, us or ns.
         #[arg(long, default_value = "auto", value_parser = parse_time_unit)]
         unit: TimeUnit,
     },
