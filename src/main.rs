@@ -210,11 +210,48 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("poolsight: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `--help` and `--version` print as clap prints them; a usage error becomes one line on
+/// stderr (clap's first, without its usage block and hint) with exit code 2, as every other
+/// error.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            // clap's message, with its `[possible values: ...]` and tips, up to the usage
+            // block, joined on one line.
+            let text = e.render().to_string();
+            let parts: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            let line = parts.join(" ");
+            let line = line.strip_prefix("error: ").unwrap_or(&line);
+            eprintln!("poolsight: {line}");
             ExitCode::from(2)
         }
     }
@@ -368,6 +405,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
             for path in &traces {
+                term::check_trace_path(path)?;
                 let trace = Trace::open(path)?;
                 let mut i = info::info(&trace);
                 let profiles =
@@ -378,11 +416,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 infos.push(i);
             }
             match format {
-                Format::Table | Format::Csv => {
-                    anyhow::ensure!(
-                        format == Format::Table,
-                        "info has no CSV form; use --format table or json"
-                    );
+                Format::Csv => write!(out, "{}", info::render_csv(&infos))?,
+                Format::Table => {
                     for (n, i) in infos.iter().enumerate() {
                         if n > 0 {
                             writeln!(out)?;

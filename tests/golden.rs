@@ -167,8 +167,14 @@ fn seed_fidelity_holds(read: &dyn Fn(&str, &str) -> String) {
     assert_eq!(step["failed_used_bytes"], 4 * mb);
     assert_eq!(step["failed_acquired_bytes"], 12 * mb);
     let table = read("seed_fidelity", "functions.txt");
-    assert!(table.contains("   Step     5.00MB        13.00MB           1"), "{table}");
-    assert!(table.contains("  Empty     0.00MB         0.00MB           1"), "{table}");
+    assert!(
+        table.contains("   Step     5.00MB        13.00MB           1"),
+        "{table}"
+    );
+    assert!(
+        table.contains("  Empty     0.00MB         0.00MB           1"),
+        "{table}"
+    );
     // cupy/cuda/memory_hooks/line_profile.py: the failing line is in the tree, and the 0-byte
     // malloc's line shows `(0.00B, 0.00B)`.
     let lines = read("seed_fidelity", "lines.txt");

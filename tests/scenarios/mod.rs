@@ -170,7 +170,10 @@ fn seed_fidelity(path: &Path) {
             let _f = h.function("Step", Phase::Forward);
             kept = pool.malloc(MB).expect("malloc");
             let failed = pool.malloc(4 * MB);
-            assert!(failed.is_err(), "4 MB cannot fit next to 1 MB on a 4 MB device");
+            assert!(
+                failed.is_err(),
+                "4 MB cannot fit next to 1 MB on a 4 MB device"
+            );
         }
         {
             let _f = h.function("Empty", Phase::Forward);

@@ -329,6 +329,12 @@ pub struct Source {
     pub rank: Option<u32>,
     pub events: u64,
     pub duration_ns: u64,
+    /// Whether the writer sealed the file (false: killed, crashed or still running).
+    pub sealed: bool,
+    /// Events the writer counted as dropped (its footer's figure).
+    pub dropped_events: u64,
+    /// Chunks lost to torn or corrupt writes.
+    pub torn_chunks: usize,
     pub warnings: Vec<String>,
     pub pool: PoolFigures,
     pub epochs: Vec<EpochFigures>,
