@@ -13,7 +13,11 @@ use poolsight::analyzer::{Profile, ReplayOptions, Trace};
 
 pub fn warn(w: &LoadWarning) {
     // One line per warning, whatever a verifier's message holds.
-    let text: String = w.to_string().split_whitespace().collect::<Vec<_>>().join(" ");
+    let text: String = w
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     eprintln!("poolsight: warning: {text}");
 }
 
