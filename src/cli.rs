@@ -108,7 +108,8 @@ enum Command {
     Functions {
         #[command(flatten)]
         input: Input,
-        /// auto (one unit per column), auto_foreach (per cell), or B, KB, MB, GB, TB, PB, EB.
+        /// auto (one unit per column, from its largest value), auto_foreach (one per cell), or
+        /// B, KB, MB, GB, TB, PB, EB, ZB.
         #[arg(long, default_value = "auto", value_parser = parse_unit)]
         unit: Unit,
         /// Add exclusive columns: bytes of the function's own mallocs, not its callees'.
@@ -133,7 +134,8 @@ enum Command {
         /// Only the function table.
         #[arg(long)]
         functions: bool,
-        /// auto (per row, as Chainer), sec, ms, us or ns.
+        /// auto (one unit for the table, from its largest time, as Chainer), auto_foreach (one
+        /// per row), sec, ms, us or ns.
         #[arg(long, default_value = "auto", value_parser = parse_time_unit)]
         unit: TimeUnit,
     },
@@ -216,15 +218,7 @@ where
 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version are not errors: they print to stdout and exit 0.
-            let _ = e.print();
-            return 0;
-        }
-        Err(e) => {
-            eprintln!("poolsight: {} (see --help)", usage_error_line(&e));
-            return 2;
-        }
+        Err(e) => return usage_error(e),
     };
     match run(cli) {
         Ok(code) => code,
@@ -235,25 +229,42 @@ where
     }
 }
 
-/// The error and its causes on one line, skipping a cause whose text the message already
-/// holds (library errors name their source in their own message).
-/// clap's usage error on one line: its message and the items listed under it, without the
-/// usage block and tips that follow (the promise is one line on stderr).
-fn usage_error_line(e: &clap::Error) -> String {
-    let text = e.render().to_string();
-    let mut parts: Vec<&str> = Vec::new();
-    for line in text.lines().map(str::trim) {
-        if line.starts_with("Usage:") || line.starts_with("For more information") {
-            break;
+/// `--help` and `--version` print as clap prints them; a usage error becomes one line on
+/// stderr (clap's first, without its usage block and hint) with exit code 2, as every other
+/// error.
+fn usage_error(e: clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                2
+            } else {
+                0
+            }
         }
-        if line.is_empty() || line.starts_with("tip:") {
-            continue;
+        _ => {
+            // clap's message, with its `[possible values: ...]` and tips, up to the usage
+            // block, joined on one line.
+            let text = e.render().to_string();
+            let parts: Vec<&str> = text
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            let line = parts.join(" ");
+            let line = line.strip_prefix("error: ").unwrap_or(&line);
+            eprintln!("poolsight: {line}");
+            2
         }
-        parts.push(line.strip_prefix("error: ").unwrap_or(line));
     }
-    parts.join(" ")
 }
 
+/// The error and its causes on one line, skipping a cause whose text the message already
+/// holds (library errors name their source in their own message).
 fn one_line(e: &anyhow::Error) -> String {
     let mut msg = e.to_string();
     for cause in e.chain().skip(1) {
@@ -400,6 +411,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
             for path in &traces {
+                term::check_trace_path(path)?;
                 let trace = Trace::open(path)?;
                 let mut i = info::info(&trace);
                 let profiles =
@@ -410,11 +422,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 infos.push(i);
             }
             match format {
-                Format::Table | Format::Csv => {
-                    anyhow::ensure!(
-                        format == Format::Table,
-                        "info has no CSV form; use --format table or json"
-                    );
+                Format::Csv => write!(out, "{}", info::render_csv(&infos))?,
+                Format::Table => {
                     for (n, i) in infos.iter().enumerate() {
                         if n > 0 {
                             writeln!(out)?;

@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
 use poolsight::analyzer::flamegraph::{self, FlameError, Metric};
+use poolsight::analyzer::incomplete;
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::Profile;
 
@@ -75,6 +76,10 @@ pub struct DiffArgs {
     /// red: grew, blue: shrank). With several runs, the first of each side.
     #[arg(long, value_name = "F.svg")]
     pub flamegraph: Option<PathBuf>,
+    /// Compare runs that are partial (unfinished, torn, dropped events or empty) instead of
+    /// refusing them with exit code 2; the report names the partial side.
+    #[arg(long)]
+    pub allow_incomplete: bool,
     /// What the flamegraph measures: used, acquired, peak or time.
     #[arg(long, default_value = "used", value_parser = parse_metric, requires = "flamegraph")]
     pub flamegraph_metric: Metric,
@@ -108,24 +113,34 @@ fn read_rules(path: &Path) -> anyhow::Result<Vec<Rule>> {
 
 /// Each run's figures, and the first run's profile when a flamegraph will need it (the
 /// others are dropped as soon as their figures are taken).
-fn figures(
-    paths: &[PathBuf],
-    live_at_peak: bool,
-    keep_first: bool,
-) -> anyhow::Result<(Vec<Figures>, Option<Profile>)> {
+struct Side {
+    figures: Vec<Figures>,
+    first: Option<Profile>,
+    /// What makes this side partial, if anything.
+    partial: Option<String>,
+}
+
+fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
     let mut figures = Vec::new();
-    for (i, p) in crate::term::load_profiles(paths, live_at_peak)?
-        .into_iter()
-        .enumerate()
-    {
+    let profiles = crate::term::load_profiles(paths, live_at_peak)?;
+    let sources: Vec<_> = profiles
+        .iter()
+        .flat_map(|p| p.sources.iter().cloned())
+        .collect();
+    let partial = incomplete::describe(&sources);
+    for (i, p) in profiles.into_iter().enumerate() {
         figures.push(Figures::of(&report::compute(&p, &opts)));
         if i == 0 && keep_first {
             first = Some(p);
         }
     }
-    Ok((figures, first))
+    Ok(Side {
+        figures,
+        first,
+        partial,
+    })
 }
 
 pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
@@ -136,9 +151,20 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     }
     let live_at_peak = args.flamegraph.is_some() && args.flamegraph_metric == Metric::Peak;
     let keep = args.flamegraph.is_some();
-    let (base, base_profile) = figures(base_paths, live_at_peak, keep)?;
-    let (new, new_profile) = figures(new_paths, live_at_peak, keep)?;
-    let d = diff::compare(&base, &new, &rules);
+    let base_side = figures(base_paths, live_at_peak, keep)?;
+    let new_side = figures(new_paths, live_at_peak, keep)?;
+    let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
+        .iter()
+        .filter_map(|(side, p)| p.as_ref().map(|p| format!("{side} run is partial: {p}")))
+        .collect();
+    if !partial.is_empty() && !args.allow_incomplete {
+        anyhow::bail!(
+            "{}; pass --allow-incomplete to compare anyway",
+            partial.join("; ")
+        );
+    }
+    let (base_profile, new_profile) = (base_side.first, new_side.first);
+    let d = diff::compare(&base_side.figures, &new_side.figures, &rules);
 
     if let (Some(path), Some(b), Some(n)) = (&args.flamegraph, &base_profile, &new_profile) {
         let title = format!(
@@ -160,9 +186,27 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         top: args.top,
     };
     match args.format {
+        DiffFormat::Table | DiffFormat::Markdown => {
+            for p in &partial {
+                writeln!(out, "warning: {p}\n")?;
+            }
+        }
+        DiffFormat::Json => {
+            for p in &partial {
+                eprintln!("poolsight: warning: {p}");
+            }
+        }
+    }
+    match args.format {
         DiffFormat::Table => write!(out, "{}", diff::render_table(&d, &show))?,
         DiffFormat::Markdown => write!(out, "{}", diff::render_markdown(&d, &show))?,
-        DiffFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&d.json(&show))?)?,
+        DiffFormat::Json => {
+            let mut json = serde_json::to_value(d.json(&show))?;
+            if let Some(obj) = json.as_object_mut().filter(|_| !partial.is_empty()) {
+                obj.insert("partial".into(), serde_json::json!(partial));
+            }
+            writeln!(out, "{}", serde_json::to_string_pretty(&json)?)?
+        }
     }
     if args.format != DiffFormat::Table {
         for r in &d.unmatched_rules {

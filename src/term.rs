@@ -12,12 +12,21 @@ use poolsight::analyzer::load::{self, LoadWarning, Loaded};
 use poolsight::analyzer::{Profile, ReplayOptions, Trace};
 
 pub fn warn(w: &LoadWarning) {
-    eprintln!("poolsight: warning: {w}");
+    // One line per warning, whatever a verifier's message holds.
+    let text: String = w
+        .to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!("poolsight: warning: {text}");
 }
 
 /// Opens and replays the traces ([`load::open_all`], [`load::replay_all`]), printing the
 /// warnings once they are open and a progress bar while replaying.
 pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
+    for p in paths {
+        check_trace_path(p)?;
+    }
     let opened = load::open_all(paths)?;
     opened.warnings.iter().for_each(warn);
     let profiles = replay_traces(&opened.traces, opts);
@@ -26,6 +35,17 @@ pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loa
         profiles,
         warnings: opened.warnings,
     })
+}
+
+/// A directory named where a trace file is expected gets its own message (opening it would
+/// report the operating system's "No such device" or "Is a directory").
+pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !path.is_dir(),
+        "{} is a directory, not a trace file (name the *.pstrace files in it)",
+        path.display()
+    );
+    Ok(())
 }
 
 /// The traces' profiles (see [`load_traces`]).

@@ -213,7 +213,7 @@ fn an_epoch_the_trace_ended_inside_is_marked() {
     drop(kept);
     let o = check_contract(&["epochs"], &path);
     assert_eq!(o.code, 0);
-    assert!(o.stdout.contains("    1*"), "{}", o.stdout);
+    assert!(o.stdout.contains("\n1*        "), "{}", o.stdout);
     assert!(o.stdout.contains("ended inside this epoch"), "{}", o.stdout);
     let o = check_contract(&["epochs", "--format", "json"], &path);
     let j: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");

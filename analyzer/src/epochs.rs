@@ -1,11 +1,23 @@
-//! `epochs`: fastai's `PeakMemMetric` columns.
+//! `epochs`: fastai's `PeakMemMetric` columns (fastai 1.0.61 `callbacks/mem.py`,
+//! `PeakMemMetric.on_epoch_begin` / `on_epoch_end`, and `utils/mem.py`).
 //!
-//! fastai polls; here the GPU figures are exact, from the pool's events replayed in time
-//! order: used is the end-of-epoch bytes minus the beginning's, peak the highest bytes in
-//! between minus the beginning's, each truncated to MB (`int(bytes / 2**20)`). fastai's rule
-//! then applies to the GPU peak: a negative peak reads 0, else a positive used is subtracted
-//! from it (the peak is reported as overhead on top of what the epoch kept). The CPU columns
-//! are the same deltas from the recorder's CPU source, without that rule, as fastai's.
+//! fastai's GPU figures are NVML readings of the device memory in use, which is what the
+//! pool holds from the device (its cached blocks included), each read as whole MB
+//! (`int(bytes / 2**20)` in `gpu_mem_get_used`) *before* subtracting: used = mb(end) -
+//! mb(begin), peak = mb(max during the epoch) - mb(begin). fastai polls the maximum from a
+//! thread; here it is exact from the pool's events. Then fastai's rule: a peak below 0 reads 0,
+//! else a positive used is subtracted from it (the peak is the overhead over what the epoch
+//! kept). fastai empties the cache before its begin and end readings
+//! (`gpu_mem_get_used_no_cache`); a program that wants the same calls `free_all_blocks` at its
+//! epoch boundaries, and the readings here are the held bytes at the marks.
+//!
+//! fastai's CPU columns are `tracemalloc`'s, started at the epoch's begin: bytes of blocks
+//! allocated since then, so they are never negative. The recorder keeps process-wide counters,
+//! not per-block tags, so here they are the deltas from the epoch's begin, clamped at 0.
+//!
+//! poolsight's own figures stay beside fastai's: exact bytes held (`gpu_used_bytes`,
+//! `gpu_peak_bytes`), live bytes handed out by the pool (`live_used_bytes`, `live_peak_bytes`)
+//! and exact CPU bytes.
 //!
 //! Several traces (ranks) merge by taking, per epoch and column, the largest figure: the rank
 //! closest to running out of memory is the one to look at (`--per-rank` shows each).
@@ -24,10 +36,16 @@ pub struct EpochRow {
     pub cpu_peak_mb: i64,
     pub gpu_used_mb: i64,
     pub gpu_peak_mb: i64,
+    /// Exact change of the bytes held from the device over the epoch.
     pub gpu_used_bytes: i64,
+    /// Exact highest bytes held during the epoch above its beginning.
     pub gpu_peak_bytes: i64,
     pub cpu_used_bytes: i64,
     pub cpu_peak_bytes: i64,
+    /// Change of the bytes handed out by the pool (live tensors) over the epoch.
+    pub live_used_bytes: i64,
+    /// Highest live bytes during the epoch above its beginning.
+    pub live_peak_bytes: i64,
     /// False when the trace ended inside the epoch.
     pub complete: bool,
 }
@@ -43,27 +61,31 @@ fn mb(bytes: i64) -> i64 {
 }
 
 pub fn row(e: &EpochFigures) -> EpochRow {
-    let gpu_used = e.gpu_end_bytes.saturating_sub(e.gpu_begin_bytes);
-    let gpu_peak = e.gpu_max_bytes.saturating_sub(e.gpu_begin_bytes);
-    let cpu_used = signed(e.cpu_end_bytes).saturating_sub(signed(e.cpu_begin_bytes));
-    let cpu_peak = signed(e.cpu_peak_bytes).saturating_sub(signed(e.cpu_begin_bytes));
-    let gpu_used_mb = mb(gpu_used);
-    let mut gpu_peak_mb = mb(gpu_peak);
+    let gpu_used_mb = mb(e.held_end_bytes) - mb(e.held_begin_bytes);
+    let mut gpu_peak_mb = mb(e.held_max_bytes) - mb(e.held_begin_bytes);
     if gpu_peak_mb < 0 {
         gpu_peak_mb = 0;
     } else if gpu_used_mb > 0 {
-        gpu_peak_mb = gpu_peak_mb.saturating_sub(gpu_used_mb);
+        gpu_peak_mb -= gpu_used_mb;
     }
+    let cpu_used = signed(e.cpu_end_bytes)
+        .saturating_sub(signed(e.cpu_begin_bytes))
+        .max(0);
+    let cpu_peak = signed(e.cpu_peak_bytes)
+        .saturating_sub(signed(e.cpu_begin_bytes))
+        .max(0);
     EpochRow {
         epoch: e.epoch,
         cpu_used_mb: mb(cpu_used),
         cpu_peak_mb: mb(cpu_peak),
         gpu_used_mb,
         gpu_peak_mb,
-        gpu_used_bytes: gpu_used,
-        gpu_peak_bytes: gpu_peak,
+        gpu_used_bytes: e.held_end_bytes.saturating_sub(e.held_begin_bytes),
+        gpu_peak_bytes: e.held_max_bytes.saturating_sub(e.held_begin_bytes),
         cpu_used_bytes: cpu_used,
         cpu_peak_bytes: cpu_peak,
+        live_used_bytes: e.gpu_end_bytes.saturating_sub(e.gpu_begin_bytes),
+        live_peak_bytes: e.gpu_max_bytes.saturating_sub(e.gpu_begin_bytes),
         complete: e.complete,
     }
 }
@@ -84,6 +106,8 @@ pub fn epochs(p: &Profile) -> Epochs {
                     m.gpu_peak_bytes = m.gpu_peak_bytes.max(r.gpu_peak_bytes);
                     m.cpu_used_bytes = m.cpu_used_bytes.max(r.cpu_used_bytes);
                     m.cpu_peak_bytes = m.cpu_peak_bytes.max(r.cpu_peak_bytes);
+                    m.live_used_bytes = m.live_used_bytes.max(r.live_used_bytes);
+                    m.live_peak_bytes = m.live_peak_bytes.max(r.live_peak_bytes);
                     m.complete &= r.complete;
                 }
                 None => {
@@ -101,24 +125,36 @@ pub fn epochs(p: &Profile) -> Epochs {
     }
 }
 
-/// fastai's layout: `epoch` and the four memory columns, numbers right-aligned under their
-/// names. An epoch the trace ended inside is marked with `*` and a note.
+/// The table as fastprogress prints it (`ConsoleMasterBar.write(line, table=True)` in
+/// fastprogress/fastprogress.py): header names padded to 8 and joined by two spaces; each value
+/// followed by spaces up to its header's width plus two. An epoch the trace ended inside is
+/// marked with `*` and a note.
 pub fn render_table(e: &Epochs) -> String {
     if e.epochs.is_empty() {
         return "no epochs in this trace (mark them with epoch_begin/epoch_end)\n".into();
     }
-    let head = ["epoch", "cpu used", "peak", "gpu used", "peak"];
-    let mut out = head.join(" ");
-    out.insert_str(5, "  ");
+    let names: Vec<String> = ["epoch", "cpu used", "peak", "gpu used", "peak"]
+        .iter()
+        .map(|n| format!("{n:<8}"))
+        .collect();
+    let mut out = names.join("  ");
     out.push('\n');
     let mut cut = false;
     for r in &e.epochs {
-        let mark = if r.complete { " " } else { "*" };
+        let mark = if r.complete { "" } else { "*" };
         cut |= !r.complete;
-        out.push_str(&format!(
-            "{:>5}{mark}  {:>8} {:>4} {:>8} {:>4}\n",
-            r.epoch, r.cpu_used_mb, r.cpu_peak_mb, r.gpu_used_mb, r.gpu_peak_mb
-        ));
+        let values = [
+            format!("{}{mark}", r.epoch),
+            r.cpu_used_mb.to_string(),
+            r.cpu_peak_mb.to_string(),
+            r.gpu_used_mb.to_string(),
+            r.gpu_peak_mb.to_string(),
+        ];
+        for (v, n) in values.iter().zip(&names) {
+            let w = n.len() + 2;
+            out.push_str(&format!("{v:<w$}"));
+        }
+        out.push('\n');
     }
     if cut {
         out.push_str("* the trace ended inside this epoch: figures up to the trace's end\n");
@@ -134,15 +170,19 @@ pub fn render_csv(e: &Epochs) -> String {
 mod tests {
     use super::*;
 
+    /// Held bytes (begin, end, max); live bytes and CPU figures fixed.
     fn fig(begin: i64, end: i64, max: i64) -> EpochFigures {
         EpochFigures {
             epoch: 1,
             begin_ns: 0,
             end_ns: 1,
             complete: true,
-            gpu_begin_bytes: begin,
-            gpu_end_bytes: end,
-            gpu_max_bytes: max,
+            gpu_begin_bytes: 0,
+            gpu_end_bytes: 0,
+            gpu_max_bytes: 0,
+            held_begin_bytes: begin,
+            held_end_bytes: end,
+            held_max_bytes: max,
             cpu_begin_bytes: 0,
             cpu_end_bytes: 0,
             cpu_peak_bytes: 2 << 20,
@@ -151,7 +191,7 @@ mod tests {
 
     const MB: i64 = 1 << 20;
 
-    /// fastai's first sample row: used 80, peak 6300 - 80.
+    /// fastai callbacks/mem.py `PeakMemMetric.on_epoch_end`: used 80, peak 6300 - 80.
     #[test]
     fn fastai_rule() {
         let r = row(&fig(100 * MB, 180 * MB, 6400 * MB));
@@ -159,13 +199,34 @@ mod tests {
         // Used negative: peak is the straight difference from the beginning.
         let r = row(&fig(500 * MB, 100 * MB, 900 * MB));
         assert_eq!((r.gpu_used_mb, r.gpu_peak_mb), (-400, 400));
-        // Truncation toward zero, as int().
-        let r = row(&fig(0, MB / 2, MB + MB / 2));
-        assert_eq!((r.gpu_used_mb, r.gpu_peak_mb), (0, 1));
-        let r = row(&fig(MB, MB / 2, MB));
-        assert_eq!(r.gpu_used_mb, 0);
     }
 
+    /// utils/mem.py `gpu_mem_get_used`: each reading is `int(bytes / 2**20)` before the
+    /// subtraction. Begin 0.5 MB, end 1.5 MB: mb(1.5) - mb(0.5) = 1 - 0 = 1 (the exact delta,
+    /// 1 MB, would read 1 as well); begin 0.9 MB, end 1.1 MB: 1 - 0 = 1, where the delta
+    /// (0.2 MB) would read 0; begin 1.9 MB, max 2.1 MB: peak 2 - 1 = 1.
+    #[test]
+    fn readings_truncate_before_subtracting() {
+        let r = row(&fig(MB / 2, MB + MB / 2, MB + MB / 2));
+        assert_eq!((r.gpu_used_mb, r.gpu_peak_mb), (1, 0));
+        let r = row(&fig(MB * 9 / 10, MB * 11 / 10, MB * 11 / 10));
+        assert_eq!((r.gpu_used_mb, r.gpu_used_bytes), (1, MB / 5));
+        let r = row(&fig(MB * 19 / 10, MB * 19 / 10, MB * 21 / 10));
+        assert_eq!((r.gpu_used_mb, r.gpu_peak_mb), (0, 1));
+    }
+
+    /// tracemalloc counts only blocks allocated since the epoch began: never negative.
+    #[test]
+    fn cpu_never_negative() {
+        let mut f = fig(0, 0, 0);
+        f.cpu_begin_bytes = 50 << 20;
+        f.cpu_end_bytes = 10 << 20;
+        f.cpu_peak_bytes = 50 << 20;
+        let r = row(&f);
+        assert_eq!((r.cpu_used_mb, r.cpu_peak_mb, r.cpu_used_bytes), (0, 0, 0));
+    }
+
+    /// fastprogress `ConsoleMasterBar.write(table=True)`.
     #[test]
     fn table_layout() {
         let e = Epochs {
@@ -173,7 +234,8 @@ mod tests {
         };
         assert_eq!(
             render_table(&e),
-            "epoch   cpu used peak gpu used peak\n    1          0    2       80 6220\n"
+            "epoch     cpu used  peak      gpu used  peak    \n\
+             1         0         2         80        6220      \n"
         );
     }
 }

@@ -3,9 +3,12 @@
 //! Chainer measures, for each function call, the pool's malloc and device-alloc totals before
 //! and after it: a call's used bytes include its nested calls, and a function nested in itself
 //! counts the inner call's bytes twice (once per call). Here a malloc counts for every function
-//! frame on its stack, which is the same sum, but only for allocations made by the calling
-//! thread (Chainer would also count another thread's). The exclusive (`self_*`) columns count
-//! each malloc once, for its innermost function.
+//! frame on its stack, which is the same sum. Chainer's `CupyMemoryCumulativeHook` adds
+//! `mem_size` to used bytes in `malloc_preprocess` and to acquired bytes in `alloc_preprocess`
+//! (chainer/function_hooks/cupy_memory_profile.py), before the request succeeds or fails, so a
+//! request that ran out of memory counts, and every device try of the pool's retries counts
+//! as acquired; `failed_*` keys say how much of each figure failed. The exclusive (`self_*`)
+//! columns count each malloc once, for its innermost function.
 //!
 //! Rows are in first-seen order: Chainer appends a call to its history when the call returns,
 //! so a function's row comes at its first return.
@@ -28,6 +31,10 @@ pub struct FunctionRow {
     pub occurrence: u64,
     pub self_used_bytes: u64,
     pub self_acquired_bytes: u64,
+    /// Of `used_bytes`: requests that failed (out of memory), which Chainer counts as used.
+    pub failed_used_bytes: u64,
+    /// Of `acquired_bytes`: device allocation attempts that failed, each retry included.
+    pub failed_acquired_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,6 +61,8 @@ pub fn functions(p: &Profile) -> Functions {
                         occurrence: 0,
                         self_used_bytes: 0,
                         self_acquired_bytes: 0,
+                        failed_used_bytes: 0,
+                        failed_acquired_bytes: 0,
                     },
                     NEVER,
                     NEVER,
@@ -61,6 +70,12 @@ pub fn functions(p: &Profile) -> Functions {
             });
             e.0.used_bytes = e.0.used_bytes.saturating_add(n.total.used_bytes);
             e.0.acquired_bytes = e.0.acquired_bytes.saturating_add(n.total.acquired_bytes);
+            e.0.failed_used_bytes =
+                e.0.failed_used_bytes
+                    .saturating_add(n.total.failed_used_bytes);
+            e.0.failed_acquired_bytes =
+                e.0.failed_acquired_bytes
+                    .saturating_add(n.total.failed_acquired_bytes);
             e.0.occurrence += n.agg.calls;
             e.1 = e.1.min(n.agg.first_exit);
             e.2 = e.2.min(n.total.first_mem);
@@ -174,6 +189,8 @@ mod tests {
             occurrence,
             self_used_bytes: used,
             self_acquired_bytes: acquired,
+            failed_used_bytes: 0,
+            failed_acquired_bytes: 0,
         }
     }
 
@@ -208,7 +225,8 @@ SoftmaxCrossEntropy     0.01GB         5.08MB        1300
         assert!(t.contains("3.00MB") && t.contains("512.00B") && t.contains("1.50KB"));
         let t = render_table(&f, Unit::Fixed(1), true);
         assert!(t.contains("3072.00KB") && t.contains("SelfAcquiredBytes"));
-        assert!("ZB".parse::<Unit>().is_err());
+        assert_eq!("ZB".parse::<Unit>(), Ok(Unit::Fixed(7)));
+        assert!("YB".parse::<Unit>().is_err());
         assert_eq!("KB".parse::<Unit>(), Ok(Unit::Fixed(1)));
     }
 }

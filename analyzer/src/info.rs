@@ -41,7 +41,8 @@ pub struct Info {
     pub chunk_size: u32,
     pub started_unix_ns: u64,
     pub duration_ns: u64,
-    /// Whether the writer sealed the file (false: killed, crashed, or still running).
+    /// Whether the writer sealed the file and nothing of it was lost since (false: killed,
+    /// crashed, still running, or truncated).
     pub finished: bool,
     pub events: BTreeMap<&'static str, u64>,
     pub total_events: u64,
@@ -54,6 +55,9 @@ pub struct Info {
     pub file_bytes: u64,
     pub bytes_per_event: f64,
     pub warnings: Vec<String>,
+    /// What makes the run partial (unfinished, torn, dropped events, empty), from a replay
+    /// (see [`add_replay`]); empty when it is whole.
+    pub incomplete: Vec<String>,
     /// The pool's figures from a replay (see [`add_replay`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolFigures>,
@@ -65,6 +69,7 @@ pub struct Info {
 pub fn add_replay(info: &mut Info, profile: &Profile) {
     if let Some(s) = profile.sources.first() {
         info.pool = Some(s.pool.clone());
+        info.incomplete = crate::incomplete::problems(s);
         info.epochs = Some(s.epochs.len());
     }
 }
@@ -164,7 +169,9 @@ pub fn info(trace: &Trace) -> Info {
         chunk_size: h.chunk_size,
         started_unix_ns: h.unix_ns,
         duration_ns: trace.ns_since_start(end_ticks),
-        finished: trace.footer.is_some(),
+        // A footer read from a file whose chunks were lost afterwards (truncated in a copy)
+        // does not make the run a finished one.
+        finished: trace.footer.is_some() && trace.torn_chunks() == 0,
         events: tally.counts,
         total_events,
         threads,
@@ -180,6 +187,7 @@ pub fn info(trace: &Trace) -> Info {
             0.0
         },
         warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+        incomplete: Vec::new(),
         pool: None,
         epochs: None,
     }
@@ -213,7 +221,16 @@ pub fn render_table(i: &Info) -> String {
         if i.finished {
             "yes"
         } else {
-            "no: the writer did not seal the file (killed, crashed or still running); every complete event is still readable"
+            "no: the writer did not seal the file (killed, crashed or still running), or it was truncated or damaged since; every complete event is still readable"
+        }
+    );
+    let _ = writeln!(
+        o,
+        "complete     {}",
+        if i.incomplete.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("no: {}", i.incomplete.join(", "))
         }
     );
     let _ = writeln!(
@@ -265,4 +282,51 @@ pub fn render_table(i: &Info) -> String {
         let _ = writeln!(o, "warning      {w}");
     }
     o
+}
+
+/// One CSV row per trace: the scalar figures of [`Info`], lists joined by `; `.
+#[derive(Default, Serialize)]
+struct CsvRow<'a> {
+    path: &'a str,
+    format_version: &'a str,
+    rank: Option<u32>,
+    world_size: Option<u32>,
+    duration_ns: u64,
+    finished: bool,
+    complete: bool,
+    incomplete: String,
+    total_events: u64,
+    threads: usize,
+    devices: usize,
+    chunks: usize,
+    torn_chunks: usize,
+    dropped_events: u64,
+    file_bytes: u64,
+    warnings: String,
+}
+
+/// The traces' figures as one CSV table, one row per trace.
+pub fn render_csv(infos: &[Info]) -> String {
+    let rows: Vec<CsvRow> = infos
+        .iter()
+        .map(|i| CsvRow {
+            path: &i.path,
+            format_version: &i.format_version,
+            rank: i.rank,
+            world_size: i.world_size,
+            duration_ns: i.duration_ns,
+            finished: i.finished,
+            complete: i.incomplete.is_empty(),
+            incomplete: i.incomplete.join("; "),
+            total_events: i.total_events,
+            threads: i.threads.len(),
+            devices: i.devices.len(),
+            chunks: i.chunks,
+            torn_chunks: i.torn_chunks,
+            dropped_events: i.dropped_events,
+            file_bytes: i.file_bytes,
+            warnings: i.warnings.join("; "),
+        })
+        .collect();
+    crate::csv::to_csv(&rows)
 }

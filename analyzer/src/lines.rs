@@ -1,8 +1,10 @@
 //! `lines`: CuPy's `LineProfileHook` tree.
 //!
-//! Every malloc adds its `mem_size` to each frame of its calling context (open scopes, then
-//! the call site), every device allocation its size to the acquired column: running sums,
-//! frees are never subtracted. Children appear in the order they were first seen; frames that
+//! Every malloc request adds its `mem_size` to each frame of its calling context (open scopes,
+//! then the call site), every device allocation try its size to the acquired column: running
+//! sums, frees are never subtracted. As in cupy/cuda/memory_hooks/line_profile.py
+//! (`malloc_preprocess`, `alloc_preprocess`), a request counts before it succeeds or fails, and
+//! a 0-byte request is a node with `0.00B`. Children appear in the order they were first seen; frames that
 //! print the same `file:line:function` under one parent are one node, as in CuPy, whose tree
 //! is keyed by the stack frame.
 
@@ -22,6 +24,10 @@ pub struct LineRoot {
     pub name: String,
     pub used_bytes: u64,
     pub acquired_bytes: u64,
+    /// Of `used_bytes`: requests that failed (CuPy counts them in `malloc_preprocess`).
+    pub failed_used_bytes: u64,
+    /// Of `acquired_bytes`: device tries that failed (`alloc_preprocess`).
+    pub failed_acquired_bytes: u64,
     pub children: Vec<LineNode>,
 }
 
@@ -32,6 +38,10 @@ pub struct LineNode {
     pub function: String,
     pub used_bytes: u64,
     pub acquired_bytes: u64,
+    /// Of `used_bytes`: requests that failed (CuPy counts them in `malloc_preprocess`).
+    pub failed_used_bytes: u64,
+    /// Of `acquired_bytes`: device tries that failed (`alloc_preprocess`).
+    pub failed_acquired_bytes: u64,
     pub children: Vec<LineNode>,
 }
 
@@ -49,6 +59,8 @@ pub fn lines(p: &Profile, max_depth: usize) -> Lines {
             name: "_root".into(),
             used_bytes: root.total.used_bytes,
             acquired_bytes: root.total.acquired_bytes,
+            failed_used_bytes: root.total.failed_used_bytes,
+            failed_acquired_bytes: root.total.failed_acquired_bytes,
             children: children(tree, &root.children, levels),
         },
     }
@@ -73,6 +85,12 @@ fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
             Some((o, grand)) => {
                 o.used_bytes = o.used_bytes.saturating_add(n.total.used_bytes);
                 o.acquired_bytes = o.acquired_bytes.saturating_add(n.total.acquired_bytes);
+                o.failed_used_bytes = o
+                    .failed_used_bytes
+                    .saturating_add(n.total.failed_used_bytes);
+                o.failed_acquired_bytes = o
+                    .failed_acquired_bytes
+                    .saturating_add(n.total.failed_acquired_bytes);
                 grand.extend(&n.children);
             }
             None => out.push((
@@ -82,6 +100,8 @@ fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
                     function: f.name.to_string(),
                     used_bytes: n.total.used_bytes,
                     acquired_bytes: n.total.acquired_bytes,
+                    failed_used_bytes: n.total.failed_used_bytes,
+                    failed_acquired_bytes: n.total.failed_acquired_bytes,
                     children: Vec::new(),
                 },
                 n.children.clone(),

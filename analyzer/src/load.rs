@@ -12,7 +12,25 @@ use std::path::{Path, PathBuf};
 use crate::reader::{ReadError, Trace, Warning};
 use crate::replay::{progress_total, replay, Profile, ReplayOptions};
 
-/// A damaged part of one trace that did not stop the rest from being read.
+/// Why traces could not be loaded together.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// One file named twice (or two copies of it): merging would double every figure.
+    #[error("{} and {} are the same trace: each file of a job can be given once", first.display(), second.display())]
+    SameTrace { first: PathBuf, second: PathBuf },
+    /// Two traces claim the same rank of one run.
+    #[error("{} and {} are both rank {rank} of the same run: give each rank once", first.display(), second.display())]
+    SameRank {
+        first: PathBuf,
+        second: PathBuf,
+        rank: u32,
+    },
+}
+
+/// A damaged part of one trace that did not stop the rest from being read, or something
+/// about the set of traces merged (ranks of different runs, a missing rank).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadWarning {
     pub path: PathBuf,
@@ -33,12 +51,17 @@ pub struct Opened {
 
 /// Opens the traces, ordered by rank then path, so that the same files give the same output
 /// whatever order they were named in. Warnings are in the order the paths were named.
-pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, ReadError> {
+///
+/// The same file twice (by its header: process, host and start time), or the same rank of
+/// one run twice, is an error; ranks of different runs (another command line or world size)
+/// and ranks missing from a world size are warnings.
+pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, LoadError> {
     let mut traces = Vec::with_capacity(paths.len());
     for p in paths {
         traces.push(Trace::open(p)?);
     }
-    let warnings = traces
+    check_duplicates(&traces)?;
+    let mut warnings: Vec<LoadWarning> = traces
         .iter()
         .flat_map(|t| {
             t.warnings.iter().map(|w| LoadWarning {
@@ -47,8 +70,84 @@ pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, ReadError> {
             })
         })
         .collect();
+    warnings.extend(set_warnings(&traces));
     traces.sort_by(|a, b| (a.header.rank, &a.path).cmp(&(b.header.rank, &b.path)));
     Ok(Opened { traces, warnings })
+}
+
+/// What tells one run from another: its command line and world size.
+fn run_of(t: &Trace) -> (&[String], Option<u32>) {
+    (&t.header.command_line, t.header.world_size)
+}
+
+fn check_duplicates(traces: &[Trace]) -> Result<(), LoadError> {
+    for (i, a) in traces.iter().enumerate() {
+        for b in &traces[..i] {
+            let (ha, hb) = (&a.header, &b.header);
+            if (ha.pid, &ha.host, ha.unix_ns, ha.ticks0)
+                == (hb.pid, &hb.host, hb.unix_ns, hb.ticks0)
+            {
+                return Err(LoadError::SameTrace {
+                    first: b.path.clone(),
+                    second: a.path.clone(),
+                });
+            }
+            if let (Some(ra), Some(rb)) = (ha.rank, hb.rank) {
+                if ra == rb && run_of(a) == run_of(b) {
+                    return Err(LoadError::SameRank {
+                        first: b.path.clone(),
+                        second: a.path.clone(),
+                        rank: ra,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_warnings(traces: &[Trace]) -> Vec<LoadWarning> {
+    let mut out = Vec::new();
+    let Some(first) = traces.first() else {
+        return out;
+    };
+    let warn = |t: &Trace, what: String| LoadWarning {
+        path: t.path.clone(),
+        warning: Warning {
+            offset: 0,
+            what,
+            torn: false,
+        },
+    };
+    for t in &traces[1..] {
+        if run_of(t) != run_of(first) {
+            out.push(warn(
+                t,
+                format!(
+                    "merged with {}, but from another run (command line or world size differ)",
+                    first.path.display()
+                ),
+            ));
+        }
+    }
+    {
+        if let Some(world) = first.header.world_size {
+            let missing: Vec<String> = (0..world)
+                .filter(|r| !traces.iter().any(|t| t.header.rank == Some(*r)))
+                .map(|r| r.to_string())
+                .collect();
+            if !missing.is_empty() {
+                out.push(warn(
+                    first,
+                    format!(
+                        "world size {world}, but rank(s) {} not given: figures cover only the ranks given",
+                        missing.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Replays opened traces in their order; each trace's index is its position, which orders
@@ -79,7 +178,7 @@ pub fn load<P: AsRef<Path>>(
     paths: &[P],
     opts: &ReplayOptions,
     on_start: impl FnOnce(u64),
-) -> Result<Loaded, ReadError> {
+) -> Result<Loaded, LoadError> {
     let Opened { traces, warnings } = open_all(paths)?;
     let profiles = replay_all(&traces, opts, on_start);
     Ok(Loaded {

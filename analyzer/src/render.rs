@@ -8,23 +8,22 @@ pub fn f2(x: f64) -> String {
     format!("{x:3.2}")
 }
 
-/// Byte units of Chainer's `CupyMemoryProfileHook` (the multiplier is 1024 per step).
-pub const BYTE_UNITS: [&str; 7] = ["B", "KB", "MB", "GB", "TB", "PB", "EB"];
+/// Byte units of Chainer's `CupyMemoryProfileHook._units` (the multiplier is 1024 per step).
+pub const BYTE_UNITS: [&str; 8] = ["B", "KB", "MB", "GB", "TB", "PB", "EB", "ZB"];
 
-/// Chainer's `_choose_unit`: the first unit where `value / (unit * 1024) < 1`; `B` for values
-/// at or below 0. Returns (index into [`BYTE_UNITS`], divisor).
+/// Chainer's `CupyMemoryProfileHook._choose_unit`: the first of B..EB where
+/// `value / (unit * 1024) < 1`, else ZB; `B` for values at or below 0. Returns (index into
+/// [`BYTE_UNITS`], divisor).
 pub fn choose_byte_unit(value: f64) -> (usize, f64) {
     let mut denom = 1.0;
     if value <= 0.0 {
         return (0, denom);
     }
-    for (i, _) in BYTE_UNITS.iter().enumerate() {
+    for i in 0..BYTE_UNITS.len() - 1 {
         if value / (denom * 1024.0) < 1.0 {
             return (i, denom);
         }
-        if i + 1 < BYTE_UNITS.len() {
-            denom *= 1024.0;
-        }
+        denom *= 1024.0;
     }
     (BYTE_UNITS.len() - 1, denom)
 }
@@ -37,7 +36,7 @@ pub fn bytes_in(value: f64, unit: (usize, f64)) -> String {
 /// CuPy `LineProfileHook`'s `_humanized_size`: `%3.2f` and B, KB, ... in 1024 steps.
 pub fn humanized(bytes: u64) -> String {
     let mut size = bytes as f64;
-    for unit in BYTE_UNITS {
+    for unit in &BYTE_UNITS[..BYTE_UNITS.len() - 1] {
         if size < 1024.0 {
             return format!("{}{unit}", f2(size));
         }
@@ -49,14 +48,19 @@ pub fn humanized(bytes: u64) -> String {
 /// Time units of Chainer's `TimerHook.print_report`, with their multipliers from seconds.
 pub const TIME_UNITS: [(&str, f64); 4] = [("sec", 1.0), ("ms", 1e3), ("us", 1e6), ("ns", 1e9)];
 
-/// The first unit in which the value is >= 1, else ns (Chainer's for/else).
-pub fn time_auto(ns: u64) -> String {
+/// Chainer's `TimerHook._choose_unit`: the first of sec, ms, us in which the value is >= 1,
+/// else ns. Returns an index into [`TIME_UNITS`].
+pub fn time_unit_of(ns: u64) -> usize {
     let secs = ns as f64 / 1e9;
-    let unit = TIME_UNITS
+    TIME_UNITS
         .iter()
         .position(|(_, m)| secs * m >= 1.0)
-        .unwrap_or(TIME_UNITS.len() - 1);
-    time_in(ns, unit)
+        .unwrap_or(TIME_UNITS.len() - 1)
+}
+
+/// A time in the unit [`time_unit_of`] chooses for it.
+pub fn time_auto(ns: u64) -> String {
+    time_in(ns, time_unit_of(ns))
 }
 
 /// `%3.2f` in one of [`TIME_UNITS`] (by index) + its name.
@@ -124,6 +128,15 @@ mod tests {
         // Column unit from the max: a smaller value in the same column keeps GB.
         let relu = 0.99 * (1u64 << 30) as f64;
         assert_eq!(bytes_in(relu, choose_byte_unit(gb)), "0.99GB");
+        // chainer/function_hooks/cupy_memory_profile.py `_choose_unit`: EB below 1024 EB,
+        // ZB from there on (the last unit takes everything above).
+        let eb = 1024f64.powi(6);
+        assert_eq!(bytes_in(eb, choose_byte_unit(eb)), "1.00EB");
+        assert_eq!(
+            bytes_in(2048.0 * eb, choose_byte_unit(2048.0 * eb)),
+            "2.00ZB"
+        );
+        assert_eq!(choose_byte_unit(-5.0), (0, 1.0));
     }
 
     #[test]

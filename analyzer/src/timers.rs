@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use crate::csv::to_csv;
 use crate::names::FrameKind;
-use crate::render::{right_aligned, time_auto, time_in, TIME_UNITS};
+use crate::render::{right_aligned, time_in, time_unit_of, TIME_UNITS};
 use crate::replay::{Profile, Seen};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -76,25 +76,34 @@ fn table(p: &Profile, kind: FrameKind) -> (Vec<TimerRow>, u64) {
     (rows.into_iter().map(|r| r.0).collect(), total)
 }
 
-/// `--unit` of the timer tables: per-row automatic (Chainer's default) or fixed.
+/// `--unit` of the timer tables, as Chainer's `TimerHook.print_report(unit=...)`
+/// (chainer/function_hooks/timer.py, chainer/link_hooks/timer.py).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TimeUnit {
+    /// One unit for the whole table, chosen from its largest elapsed time (Chainer's default).
     #[default]
     Auto,
+    /// One unit per row, from that row's elapsed time.
+    AutoForeach,
+    /// A fixed unit (index into `TIME_UNITS`).
     Fixed(usize),
 }
 
 impl FromStr for TimeUnit {
     type Err = String;
     fn from_str(s: &str) -> Result<TimeUnit, String> {
-        if s == "auto" {
-            return Ok(TimeUnit::Auto);
+        match s {
+            "auto" => return Ok(TimeUnit::Auto),
+            "auto_foreach" => return Ok(TimeUnit::AutoForeach),
+            _ => {}
         }
         TIME_UNITS
             .iter()
             .position(|(n, _)| *n == s)
             .map(TimeUnit::Fixed)
-            .ok_or_else(|| format!("unknown time unit {s:?}: expected auto, sec, ms, us or ns"))
+            .ok_or_else(|| {
+                format!("unknown time unit {s:?}: expected auto, auto_foreach, sec, ms, us or ns")
+            })
     }
 }
 
@@ -127,9 +136,16 @@ fn one_table(title: &str, rows: &[TimerRow], unit: TimeUnit, what: &str) -> Stri
         "ElapsedTime".into(),
         "Occurrence".into(),
     ]];
+    // `print_report`: with 'auto', `_choose_unit(max(elapsed_time))` once for the table.
+    let table_unit = rows
+        .iter()
+        .map(|r| r.elapsed_ns)
+        .max()
+        .map_or(TIME_UNITS.len() - 1, time_unit_of);
     for r in rows {
         let t = match unit {
-            TimeUnit::Auto => time_auto(r.elapsed_ns),
+            TimeUnit::Auto => time_in(r.elapsed_ns, table_unit),
+            TimeUnit::AutoForeach => time_in(r.elapsed_ns, time_unit_of(r.elapsed_ns)),
             TimeUnit::Fixed(u) => time_in(r.elapsed_ns, u),
         };
         table.push(vec![r.name.clone(), t, r.occurrence.to_string()]);
@@ -194,5 +210,45 @@ Classifier     42.39sec         700
             "no function scopes in this trace\n"
         );
         assert!(render_table(&t, Which::Links, "ms".parse().unwrap()).contains("41420.00ms"));
+    }
+
+    /// chainer/function_hooks/timer.py `TimerHook.print_report`: 'auto' chooses one unit from
+    /// the largest elapsed time (2.5 s -> sec for every row, 3 us reads 0.00sec);
+    /// 'auto_foreach' chooses per row (first of sec/ms/us where >= 1, else ns).
+    #[test]
+    fn auto_is_one_unit_per_table_auto_foreach_per_row() {
+        let row = |name: &str, ns: u64| TimerRow {
+            name: name.into(),
+            elapsed_ns: ns,
+            occurrence: 1,
+        };
+        let t = Timers {
+            links: vec![],
+            functions: vec![
+                row("Slow", 2_500_000_000),
+                row("Mid", 1_500_000),
+                row("Fast", 3_000),
+                row("Tiny", 40),
+            ],
+            links_total_ns: 0,
+            functions_total_ns: 0,
+        };
+        let auto = "FunctionName  ElapsedTime  Occurrence
+        Slow      2.50sec           1
+         Mid      0.00sec           1
+        Fast      0.00sec           1
+        Tiny      0.00sec           1
+";
+        assert_eq!(render_table(&t, Which::Functions, TimeUnit::Auto), auto);
+        let each = "FunctionName  ElapsedTime  Occurrence
+        Slow      2.50sec           1
+         Mid       1.50ms           1
+        Fast       3.00us           1
+        Tiny      40.00ns           1
+";
+        assert_eq!(
+            render_table(&t, Which::Functions, "auto_foreach".parse().unwrap()),
+            each
+        );
     }
 }

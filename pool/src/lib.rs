@@ -21,5 +21,7 @@ mod memory_pool;
 mod trace_hook;
 
 pub use addressed::{AddressedPool, FreeError};
-pub use memory_pool::{round_size, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE};
+pub use memory_pool::{
+    round_size, Collector, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE,
+};
 pub use trace_hook::{define_pool_device, with_stack, TraceHook};

@@ -516,3 +516,40 @@ fn cuda_device_without_driver_is_an_error_not_a_panic() {
         }
     }
 }
+
+/// cupy/cuda/memory.pyx `SingleDeviceMemoryPool._try_malloc`: the device allocation is tried
+/// a third time after `gc.collect()` and `free_all_blocks()`. The collector stand-in drops a
+/// block the program kept; its memory goes back to the cache, the release returns it to the
+/// device, and the third try fits.
+#[test]
+fn try_malloc_third_try_after_collector() {
+    let (p, dev) = pool(4096);
+    let held = Arc::new(Mutex::new(Some(p.malloc(4096).unwrap())));
+    let calls = Arc::new(Mutex::new(0u32));
+    {
+        let (held, calls) = (held.clone(), calls.clone());
+        p.set_collector(Some(Arc::new(move || {
+            *calls.lock().unwrap() += 1;
+            held.lock().unwrap().take();
+        })));
+    }
+    let hook = Arc::new(Counter::default());
+    let _g = hooks::register(hook.clone());
+    let m = p.malloc(4096).unwrap();
+    assert_eq!(hook.allocs(), [4096, 4096, 4096], "three device tries");
+    assert_eq!(*calls.lock().unwrap(), 1, "collector runs before the third");
+    assert_eq!(hook.releases.lock().unwrap()[0].bytes, 4096);
+    assert_eq!(dev.in_use(), 4096);
+    drop(m);
+
+    // Without anything to collect, the request fails after three tries.
+    let keep = p.malloc(4096).unwrap();
+    let hook = Arc::new(Counter::default());
+    let _g2 = hooks::register(hook.clone());
+    p.set_collector(None);
+    assert!(p.malloc(512).is_err());
+    assert_eq!(hook.allocs(), [512, 512, 512]);
+    assert_eq!(hook.ooms.lock().unwrap().len(), 1);
+    assert_eq!(p.total_bytes(), 4096, "no reservation left behind");
+    drop(keep);
+}

@@ -13,11 +13,12 @@ use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};
 use poolsight::recorder::{Phase, Recorder, RecorderConfig};
 
-pub const NAMES: [&str; 4] = [
+pub const NAMES: [&str; 5] = [
     "cupy_line_profile",
     "chainer_nested",
     "fastai_epochs",
     "two_ranks",
+    "seed_fidelity",
 ];
 
 fn recorder(path: &Path, name: &str, rank: Option<u32>) -> Recorder {
@@ -41,6 +42,7 @@ pub fn record(name: &str, dir: &Path) {
         "cupy_line_profile" => cupy_line_profile(&dir.join("cupy_line_profile.pstrace")),
         "chainer_nested" => chainer_nested(&dir.join("chainer_nested.pstrace")),
         "fastai_epochs" => fastai_epochs(&dir.join("fastai_epochs.pstrace")),
+        "seed_fidelity" => seed_fidelity(&dir.join("seed_fidelity.pstrace")),
         "two_ranks" => {
             for r in 0..2 {
                 two_ranks(&dir.join(format!("two_ranks-rank{r}.pstrace")), r);
@@ -98,23 +100,29 @@ fn chainer_nested(path: &Path) {
 
 const MB: u64 = 1 << 20;
 
-/// fastai's rules on exact pool figures: epoch 1 keeps 80 MB and peaks at 80 + 220 MB
-/// (peak reported as 220, the overhead over what it kept); epoch 2 frees 50 MB of it, then
-/// peaks 10 MB above its start: its used is negative (-50), so its peak is the straight
-/// difference from its start (10), not 10 - (-50).
+/// fastai's rules (callbacks/mem.py `PeakMemMetric`), on the bytes the pool holds from the
+/// device, with the cache emptied at each boundary as fastai's `gpu_mem_get_used_no_cache`
+/// does: epoch 1 keeps 80 MB and peaks at 80 + 220 MB held (peak reported as 220, the
+/// overhead over what it kept); epoch 2 frees 50 MB of it (cached: still held), then needs
+/// 60 MB more: held peaks 60 MB above its start, and the end's release leaves 30 MB: used is
+/// negative (-50), so the peak is the straight difference from its start (60), not 60 - (-50).
 fn fastai_epochs(path: &Path) {
     let rec = recorder(path, "fastai_epochs", None);
     let h = rec.handle();
     let pool = pool();
     let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+    pool.free_all_blocks(None);
     h.epoch_begin(1);
     let mut kept = vec![pool.malloc(30 * MB).expect("malloc")];
     kept.push(pool.malloc(50 * MB).expect("malloc"));
     drop(pool.malloc(220 * MB).expect("malloc"));
+    pool.free_all_blocks(None);
     h.epoch_end(1);
+    pool.free_all_blocks(None);
     h.epoch_begin(2);
     kept.pop();
     drop(pool.malloc(60 * MB).expect("malloc"));
+    pool.free_all_blocks(None);
     h.epoch_end(2);
     drop(kept);
     drop(_hook);
@@ -133,6 +141,56 @@ fn two_ranks(path: &Path, rank: u32) {
         let _f = h.function("Conv", Phase::Forward);
         drop(pool.malloc((rank as u64 + 1) * MB).expect("malloc"));
     }
+    h.epoch_end(1);
+    drop(_hook);
+    rec.finish().expect("finish");
+}
+
+/// The cases where poolsight used to differ from the seeds, in one run:
+///
+/// - `Step` takes 1 MB, then asks for 4 MB on a 4 MB device holding that 1 MB: the pool tries
+///   the device three times (cupy/cuda/memory.pyx `_try_malloc`) and fails; the program
+///   catches the error. Chainer's `CupyMemoryCumulativeHook` counts the request in
+///   `malloc_preprocess` and each try in `alloc_preprocess`: used 1 + 4 = 5 MB, acquired
+///   1 + 3 x 4 = 13 MB, and CuPy's line tree keeps the failing line.
+/// - `Empty` mallocs 0 bytes: CuPy's tree shows the line with `(0.00B, 0.00B)`.
+/// - `Sleep` (about 1 s), `Nap` (about 2 ms) and `Tick` (nothing: ns) span Chainer's time
+///   units; `auto` prints the whole table in `sec`.
+/// - One epoch around it all, the cache emptied at its boundaries as fastai does.
+fn seed_fidelity(path: &Path) {
+    let rec = recorder(path, "seed_fidelity", None);
+    let h = rec.handle();
+    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 4 * MB)));
+    let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+    h.epoch_begin(1);
+    let kept;
+    {
+        let _link = h.link("Model");
+        {
+            let _f = h.function("Step", Phase::Forward);
+            kept = pool.malloc(MB).expect("malloc");
+            let failed = pool.malloc(4 * MB);
+            assert!(
+                failed.is_err(),
+                "4 MB cannot fit next to 1 MB on a 4 MB device"
+            );
+        }
+        {
+            let _f = h.function("Empty", Phase::Forward);
+            drop(pool.malloc(0).expect("malloc(0)"));
+        }
+        {
+            let _f = h.function("Sleep", Phase::Forward);
+            std::thread::sleep(std::time::Duration::from_millis(1050));
+        }
+        {
+            let _f = h.function("Nap", Phase::Forward);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        drop(h.function("Tick", Phase::Forward));
+    }
+    drop(kept);
+    pool.free_all_blocks(None);
     h.epoch_end(1);
     drop(_hook);
     rec.finish().expect("finish");

@@ -16,8 +16,10 @@
 //! them (see [`Trace::release_pages`]), so a trace far larger than RAM replays in a few MB.
 //!
 //! Bytes: a malloc's `mem_size` is its requested size rounded up to the device's allocation
-//! unit, as the pool rounds it. Failed mallocs and device allocations (pointer 0) count
-//! nowhere: nothing was used or acquired.
+//! unit, as the pool rounds it. In the per-stack counters (the seed tables) every request
+//! counts, failed ones (pointer 0) included, as Chainer's and CuPy's pre hooks count them, and
+//! the failed part is kept apart; the time-ordered pass counts only what the pool handed out
+//! or held (live bytes).
 
 mod ordered;
 mod profile;
@@ -89,6 +91,9 @@ pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
         rank: trace.header.rank,
         events,
         duration_ns: trace.ns_since_start(end_ticks),
+        sealed: trace.footer.is_some(),
+        dropped_events: trace.footer.map_or(0, |f| f.dropped_events),
+        torn_chunks: trace.torn_chunks(),
         warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
         pool: timeline.pool(trace),
         epochs: timeline.epochs(trace, end_ticks),

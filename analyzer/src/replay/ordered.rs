@@ -44,6 +44,8 @@ struct OpenEpoch {
     begin_ticks: u64,
     gpu_begin: i64,
     gpu_max: i64,
+    held_begin: i64,
+    held_max: i64,
     cpu_begin: u64,
 }
 
@@ -51,6 +53,7 @@ struct RawEpoch {
     open: OpenEpoch,
     end_ticks: u64,
     gpu_end: i64,
+    held_end: i64,
     cpu_end: u64,
     cpu_peak: u64,
     complete: bool,
@@ -122,6 +125,7 @@ impl Timeline {
         }
         if let Some(ep) = &mut self.open_epoch {
             ep.gpu_max = ep.gpu_max.max(self.used);
+            ep.held_max = ep.held_max.max(self.acquired);
         }
         self.series.add(ticks, self.used, self.acquired);
         self.ordinal += 1;
@@ -136,6 +140,8 @@ impl Timeline {
                     begin_ticks: e.ticks(),
                     gpu_begin: self.used,
                     gpu_max: self.used,
+                    held_begin: self.acquired,
+                    held_max: self.acquired,
                     cpu_begin: e.a(),
                 });
             }
@@ -154,6 +160,7 @@ impl Timeline {
             self.epochs.push(RawEpoch {
                 end_ticks: ticks,
                 gpu_end: self.used,
+                held_end: self.acquired,
                 cpu_end,
                 cpu_peak,
                 complete,
@@ -185,6 +192,7 @@ impl Timeline {
             open: open.clone(),
             end_ticks: end_ticks.max(open.begin_ticks),
             gpu_end: self.used,
+            held_end: self.acquired,
             cpu_end: open.cpu_begin,
             cpu_peak: open.cpu_begin,
             complete: false,
@@ -199,6 +207,9 @@ impl Timeline {
                 gpu_begin_bytes: r.open.gpu_begin,
                 gpu_end_bytes: r.gpu_end,
                 gpu_max_bytes: r.open.gpu_max,
+                held_begin_bytes: r.open.held_begin,
+                held_end_bytes: r.held_end,
+                held_max_bytes: r.open.held_max,
                 cpu_begin_bytes: r.open.cpu_begin,
                 cpu_end_bytes: r.cpu_end,
                 cpu_peak_bytes: r.cpu_peak,

@@ -48,13 +48,21 @@ impl Frame {
 /// converts them for the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agg {
-    /// Successful pool mallocs whose stack is exactly this context.
+    /// Pool malloc requests whose stack is exactly this context, failed ones included:
+    /// Chainer's `CupyMemoryCumulativeHook.malloc_preprocess` and CuPy's
+    /// `LineProfileHook.malloc_preprocess` count a request before it succeeds or fails.
     pub mallocs: u64,
     /// Their `mem_size` sum.
     pub used_bytes: u64,
-    /// Device allocations (pool misses) attributed to this context.
+    /// Device allocation attempts (pool misses, each out-of-memory retry included: Chainer's
+    /// `alloc_preprocess`) attributed to this context.
     pub allocs: u64,
     pub acquired_bytes: u64,
+    /// Of `mallocs` and `used_bytes`: the requests that failed (pointer 0, size above 0).
+    pub failed_mallocs: u64,
+    pub failed_used_bytes: u64,
+    /// Of `acquired_bytes`: the device attempts that failed.
+    pub failed_acquired_bytes: u64,
     /// Closed scopes whose innermost frame is this node.
     pub calls: u64,
     pub time_ns: u64,
@@ -73,6 +81,9 @@ impl Default for Agg {
             used_bytes: 0,
             allocs: 0,
             acquired_bytes: 0,
+            failed_mallocs: 0,
+            failed_used_bytes: 0,
+            failed_acquired_bytes: 0,
             calls: 0,
             time_ns: 0,
             first_mem: NEVER,
@@ -106,6 +117,11 @@ impl Agg {
         self.used_bytes = self.used_bytes.saturating_add(o.used_bytes);
         self.allocs += o.allocs;
         self.acquired_bytes = self.acquired_bytes.saturating_add(o.acquired_bytes);
+        self.failed_mallocs += o.failed_mallocs;
+        self.failed_used_bytes = self.failed_used_bytes.saturating_add(o.failed_used_bytes);
+        self.failed_acquired_bytes = self
+            .failed_acquired_bytes
+            .saturating_add(o.failed_acquired_bytes);
         self.calls += o.calls;
         self.time_ns = self.time_ns.saturating_add(o.time_ns);
         self.first_mem = self.first_mem.min(o.first_mem);
@@ -283,9 +299,15 @@ pub struct EpochFigures {
     pub end_ns: u64,
     /// False when the trace ended before the epoch did (then `end` is the trace's end).
     pub complete: bool,
+    /// Live bytes (handed out by the pool) at the epoch's begin and end, and their maximum.
     pub gpu_begin_bytes: i64,
     pub gpu_end_bytes: i64,
     pub gpu_max_bytes: i64,
+    /// Bytes the pool held from the device (cached blocks included: what NVML reports to
+    /// fastai) at the epoch's begin and end, and their maximum, exact from the events.
+    pub held_begin_bytes: i64,
+    pub held_end_bytes: i64,
+    pub held_max_bytes: i64,
     pub cpu_begin_bytes: u64,
     pub cpu_end_bytes: u64,
     pub cpu_peak_bytes: u64,
@@ -307,6 +329,12 @@ pub struct Source {
     pub rank: Option<u32>,
     pub events: u64,
     pub duration_ns: u64,
+    /// Whether the writer sealed the file (false: killed, crashed or still running).
+    pub sealed: bool,
+    /// Events the writer counted as dropped (its footer's figure).
+    pub dropped_events: u64,
+    /// Chunks lost to torn or corrupt writes.
+    pub torn_chunks: usize,
     pub warnings: Vec<String>,
     pub pool: PoolFigures,
     pub epochs: Vec<EpochFigures>,

@@ -111,18 +111,27 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
         let ticks = base.wrapping_add(e.ts() as u64);
         last_ticks = ticks;
         match kind {
-            fb::MemKind::MallocPost if e.ptr() != 0 => {
+            // Counted at the post event, which carries the request as the pre event did, plus
+            // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
+            // null pointer). Every request counts, as Chainer's and CuPy's pre hooks count it.
+            fb::MemKind::MallocPost => {
+                let size = units.mem_size(e.device(), e.bytes());
                 let a = acc.slot(e.stack());
                 a.mallocs += 1;
-                a.used_bytes = a
-                    .used_bytes
-                    .saturating_add(units.mem_size(e.device(), e.bytes()));
+                a.used_bytes = a.used_bytes.saturating_add(size);
+                if e.ptr() == 0 && size > 0 {
+                    a.failed_mallocs += 1;
+                    a.failed_used_bytes = a.failed_used_bytes.saturating_add(size);
+                }
                 a.first_mem = a.first_mem.min((0, ticks));
             }
-            fb::MemKind::AllocPost if e.ptr() != 0 => {
+            fb::MemKind::AllocPost => {
                 let a = acc.slot(e.stack());
                 a.allocs += 1;
                 a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
+                if e.ptr() == 0 {
+                    a.failed_acquired_bytes = a.failed_acquired_bytes.saturating_add(e.bytes());
+                }
                 a.first_mem = a.first_mem.min((0, ticks));
             }
             _ => {}

@@ -4,7 +4,7 @@
 //! on machines without a GPU, with the one property of a GPU that matters to a caching pool: a
 //! hard capacity, so out-of-memory and the pool's release-and-retry path are reachable.
 
-use std::alloc::{self, Layout};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -109,8 +109,11 @@ impl Device for HostDevice {
             .ok()
             .and_then(|s| Layout::from_size_align(s, HOST_DEVICE_ALIGN).ok())
             .ok_or_else(|| oom(state.in_use))?;
+        // From `System`, not the global allocator: the simulated device memory is not the
+        // program's CPU heap, and a counting global allocator (the CPU columns of the epochs
+        // report) must not see it.
         // SAFETY: `layout` has a non-zero size (checked above).
-        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let p = unsafe { System.alloc_zeroed(layout) };
         if p.is_null() {
             return Err(oom(state.in_use));
         }
@@ -138,7 +141,7 @@ impl Device for HostDevice {
         state.in_use -= size;
         // SAFETY: (ptr, size) was allocated by `alloc` with this exact layout (checked above).
         unsafe {
-            alloc::dealloc(
+            System.dealloc(
                 ptr as *mut u8,
                 Layout::from_size_align_unchecked(size as usize, HOST_DEVICE_ALIGN),
             )
@@ -175,7 +178,7 @@ impl Drop for HostDevice {
         for (&ptr, &size) in &state.allocs {
             // SAFETY: every entry was allocated by `alloc` with this layout and not yet freed.
             unsafe {
-                alloc::dealloc(
+                System.dealloc(
                     ptr as *mut u8,
                     Layout::from_size_align_unchecked(size as usize, HOST_DEVICE_ALIGN),
                 )

@@ -8,8 +8,9 @@
 //!   cached chunk that fits (best fit), splitting off and caching the rest;
 //! - merges a freed chunk with free neighbours of the same device allocation;
 //! - on a miss, asks the device; when the device is full or the pool's limit would be crossed,
-//!   releases its cached whole allocations ([`MemoryPool::free_all_blocks`]) and retries once
-//!   before failing with [`PoolError::OutOfMemory`];
+//!   releases its cached whole allocations ([`MemoryPool::free_all_blocks`]) and tries again,
+//!   then runs the collector stand-in ([`MemoryPool::set_collector`]), releases again and tries
+//!   a third time, before failing with [`PoolError::OutOfMemory`] (CuPy's `_try_malloc`);
 //! - calls the [`crate::hooks`] around every step, in CuPy's order, which is what the recorder
 //!   and the profilers observe.
 //!
@@ -112,7 +113,13 @@ struct Inner {
     limit: AtomicU64,
     /// Written only under the lock, like `used`.
     next_pmem_id: AtomicU64,
+    /// Runs before the third device try, where CuPy runs `gc.collect()`.
+    collector: Mutex<Option<Collector>>,
 }
+
+/// A callback that frees memory the program holds on to, run by the pool before its last
+/// try when the device is out of memory (see [`MemoryPool::set_collector`]).
+pub type Collector = Arc<dyn Fn() + Send + Sync>;
 
 impl Inner {
     #[inline]
@@ -204,9 +211,16 @@ impl Inner {
         }
     }
 
-    /// Gets `mem_size` new bytes from the device, CuPy's `_try_malloc`: reserve against the
-    /// limit, else release the cache and reserve again; allocate, and on device OOM release the
-    /// cache and allocate again; then give up.
+    /// Gets `mem_size` new bytes from the device, as CuPy's `SingleDeviceMemoryPool._try_malloc`
+    /// (cupy/cuda/memory.pyx): reserve against the limit, else release the cache and reserve
+    /// again, else run the collector and release the cache and reserve a third time; then
+    /// allocate from the device in the same three tries, each one with its own
+    /// `alloc_pre`/`alloc_post` (pointer 0 when it fails); then give up.
+    ///
+    /// CuPy's third try follows `gc.collect()`, which frees arrays only a cycle kept alive.
+    /// Rust frees every value when its owner drops, so nothing waits for a collector: the
+    /// stand-in is the pool's [`MemoryPool::set_collector`] callback, for caches the program
+    /// keeps itself (none by default, when the third try sees exactly the second's state).
     fn try_malloc(
         &self,
         mem_size: u64,
@@ -214,35 +228,52 @@ impl Inner {
         caller: &'static Location<'static>,
         hooks: Option<&HookSnapshot>,
     ) -> Result<u64, PoolError> {
-        match self.try_reserve(mem_size) {
-            Ok(true) => {}
-            Ok(false) => {
-                self.free_all_blocks(None);
-                if self.try_reserve(mem_size) != Ok(true) {
-                    return Err(self.out_of_memory(mem_size, stream, hooks));
-                }
+        let mut reserved = false;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                self.reclaim(attempt);
             }
-            Err(()) => return Err(self.out_of_memory(mem_size, stream, hooks)),
+            // A request larger than the limit itself still goes through the three tries, as
+            // CuPy's `_try_block_total_bytes` does not tell the two cases apart.
+            if self.try_reserve(mem_size) == Ok(true) {
+                reserved = true;
+                break;
+            }
         }
-        let mut retried = false;
-        loop {
+        if !reserved {
+            return Err(self.out_of_memory(mem_size, stream, hooks));
+        }
+        for attempt in 0..3 {
+            if attempt > 0 {
+                self.reclaim(attempt);
+            }
             match self.device_alloc(mem_size, stream, caller, hooks) {
                 Ok(ptr) => return Ok(ptr),
-                Err(DeviceError::OutOfMemory { .. }) if !retried => {
-                    retried = true;
-                    self.free_all_blocks(None);
-                }
+                Err(DeviceError::OutOfMemory { .. }) => {}
                 Err(e) => {
                     self.total.fetch_sub(mem_size, Ordering::Relaxed);
-                    return Err(match e {
-                        DeviceError::OutOfMemory { .. } => {
-                            self.out_of_memory(mem_size, stream, hooks)
-                        }
-                        e => PoolError::Device(e),
-                    });
+                    return Err(PoolError::Device(e));
                 }
             }
         }
+        self.total.fetch_sub(mem_size, Ordering::Relaxed);
+        Err(self.out_of_memory(mem_size, stream, hooks))
+    }
+
+    /// What CuPy does before its second (`free_all_blocks`) and third (`gc.collect()`, then
+    /// `free_all_blocks`) try.
+    fn reclaim(&self, attempt: u32) {
+        if attempt >= 2 {
+            let collector = self
+                .collector
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(c) = collector {
+                c();
+            }
+        }
+        self.free_all_blocks(None);
     }
 
     /// Everything between the malloc hooks; builds the handle before the post hooks run so
@@ -453,6 +484,7 @@ impl MemoryPool {
                 total: AtomicU64::new(0),
                 limit: AtomicU64::new(0),
                 next_pmem_id: AtomicU64::new(1),
+                collector: Mutex::new(None),
             }),
         }
     }
@@ -526,6 +558,19 @@ impl MemoryPool {
             };
             h.for_each(|k| k.limit_set(&ev));
         }
+    }
+
+    /// Sets what runs where CuPy's pool calls `gc.collect()`: before the third try of a
+    /// device allocation (or of a reservation under the limit), after the second failed.
+    /// Rust drops values deterministically, so there is no garbage to collect; a program that
+    /// keeps caches of its own (activations kept for reuse, a dataloader's prefetch) can drop
+    /// them here. `None` removes it. The callback must not allocate from this pool.
+    pub fn set_collector(&self, collector: Option<Collector>) {
+        *self
+            .inner
+            .collector
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = collector;
     }
 
     /// The current limit; 0 means none.

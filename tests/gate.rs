@@ -1,0 +1,116 @@
+//! The CI gate: `diff` refuses partial runs (exit 2, one line) unless `--allow-incomplete`;
+//! merging refuses the same trace or rank twice; usage errors are one line with exit 2.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn poolsight(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_poolsight"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .output()
+        .expect("run poolsight")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    dir.join(name)
+}
+
+const GOOD: &str = "fixtures/traces/seed_fidelity.pstrace";
+
+fn stderr_line(o: &Output) -> String {
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    e.lines()
+        .filter(|l| !l.contains("warning:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every truncation of a good trace, at offsets spread over the file, is refused by `diff`
+/// (exit 2, never 0 or 1) unless `--allow-incomplete`.
+#[test]
+fn a_damaged_trace_never_passes_diff() {
+    let bytes = std::fs::read(GOOD).expect("fixture");
+    let mut cuts: Vec<usize> = (0..bytes.len()).step_by(bytes.len() / 23 + 1).collect();
+    cuts.extend([bytes.len() - 1, bytes.len() - 8, 0, 1]);
+    for (i, cut) in cuts.into_iter().enumerate() {
+        let p = scratch(&format!("cut-{i}.pstrace"));
+        let mut damaged = bytes[..cut].to_vec();
+        // Also flip a byte inside what remains, on every other cut.
+        if i % 2 == 1 && cut > 600 {
+            damaged[cut / 2] ^= 0x5a;
+        }
+        std::fs::write(&p, &damaged).expect("write");
+        let p = p.display().to_string();
+        for args in [
+            vec!["diff", GOOD, &p, "--fail-on", "peak_used>+5%"],
+            vec!["diff", &p, GOOD],
+        ] {
+            let o = poolsight(&args);
+            assert_eq!(o.status.code(), Some(2), "cut at {cut}: {args:?} {o:?}");
+            assert_eq!(stderr_line(&o).lines().count(), 1, "{o:?}");
+        }
+    }
+}
+
+#[test]
+fn allow_incomplete_names_the_partial_side() {
+    let bytes = std::fs::read(GOOD).expect("fixture");
+    let p = scratch("half.pstrace");
+    std::fs::write(&p, &bytes[..bytes.len() * 2 / 3]).expect("write");
+    let p = p.display().to_string();
+    let o = poolsight(&["diff", GOOD, &p]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr_line(&o).contains("new run is partial"), "{o:?}");
+    assert!(stderr_line(&o).contains("--allow-incomplete"), "{o:?}");
+    let o = poolsight(&["diff", "--allow-incomplete", GOOD, &p]);
+    assert_ne!(o.status.code(), Some(2), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("warning: new run is partial"), "{out}");
+    let o = poolsight(&["info", &p]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("complete     no:"), "{out}");
+}
+
+#[test]
+fn the_same_trace_or_rank_twice_is_an_error() {
+    let copy = scratch("copy.pstrace");
+    std::fs::copy(GOOD, &copy).expect("copy");
+    for args in [
+        vec!["functions", GOOD, GOOD],
+        vec!["functions", GOOD, copy.to_str().expect("utf-8")],
+    ] {
+        let o = poolsight(&args);
+        assert_eq!(o.status.code(), Some(2), "{o:?}");
+        assert!(stderr_line(&o).contains("are the same trace"), "{o:?}");
+    }
+    // A missing rank and ranks of different runs: warnings, and the report goes on.
+    let o = poolsight(&["functions", "fixtures/traces/two_ranks-rank0.pstrace", GOOD]);
+    assert_eq!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("rank(s) 1 not given"), "{err}");
+    assert!(err.contains("from another run"), "{err}");
+}
+
+#[test]
+fn usage_errors_are_one_line_and_list_valid_values() {
+    for (args, needle) in [
+        (vec!["functions", "--unit", "XB", GOOD], "ZB"),
+        (vec!["timers", "--unit", "hours", GOOD], "auto_foreach"),
+        (vec!["info", "--format", "xml", GOOD], "table, json, csv"),
+        (vec!["functions"], "required"),
+        (vec!["info", "fixtures"], "is a directory"),
+    ] {
+        let o = poolsight(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    let o = poolsight(&["info", "--format", "csv", GOOD]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.lines().count(), 2, "one header, one row: {out}");
+}
