@@ -94,11 +94,13 @@ fn folded_bytes_add_up_to_the_root_totals() {
     // 1000 and 600 round to 1024 and 1024 (512-byte unit), 3000 to 3072, 5000 to 5120.
     assert_eq!(root.used_bytes, 1024 + 3072 + 1024 + 5120);
 
-    // Every line is a path under the link, frames `file:line:name`, in the tree's DFS order.
+    // Every line is a path under the link, frames `name (file:line)` (the space a no-break
+    // one), in the tree's DFS order.
     for l in &used {
         let first = l.split(';').next().expect("a frame");
-        assert!(first.ends_with(":MLP"), "{l}");
-        assert!(first.starts_with(file!()), "{l}");
+        assert!(first.starts_with("MLP\u{a0}("), "{l}");
+        assert!(first.contains(&format!("({}:", file!())), "{l}");
+        assert!(first.ends_with(')'), "{l}");
     }
     let positions: Vec<usize> = ["LinearFunction", "ReLU"]
         .iter()
