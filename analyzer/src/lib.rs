@@ -9,6 +9,7 @@ pub mod epochs;
 pub mod export;
 pub mod flamegraph;
 pub mod functions;
+pub mod html;
 pub mod info;
 pub mod lines;
 pub mod load;
