@@ -189,7 +189,11 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
         points.push(flat);
     }
     let mut top: Vec<u32> = (0..stacks.len() as u32).collect();
-    top.sort_by(|&a, &b| largest[b as usize].cmp(&largest[a as usize]).then(a.cmp(&b)));
+    top.sort_by(|&a, &b| {
+        largest[b as usize]
+            .cmp(&largest[a as usize])
+            .then(a.cmp(&b))
+    });
     top.truncate(TOP_STACKS);
     RunData {
         name: part.name.clone(),
@@ -229,7 +233,11 @@ fn tree(frames: &mut Frames, t: &CallTree) -> TreeData {
     let mut d = TreeData::default();
     for (i, n) in t.nodes.iter().enumerate() {
         d.parent.push(n.parent as u32);
-        d.frame.push(if i == 0 { u32::MAX } else { frames.of(&n.frame) });
+        d.frame.push(if i == 0 {
+            u32::MAX
+        } else {
+            frames.of(&n.frame)
+        });
         push_amounts(&mut d, t, i);
     }
     d

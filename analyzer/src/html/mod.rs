@@ -40,7 +40,11 @@ fn live(trace: &Trace, profile: &Profile) -> LiveOverTime {
 /// The page of the traces of one job: `profiles[i]` is `traces[i]` replayed (with
 /// `live_at_peak`, for the peak flamegraph).
 pub fn report_page(title: &str, traces: &[Trace], profiles: &[Profile]) -> String {
-    let lives: Vec<LiveOverTime> = traces.iter().zip(profiles).map(|(t, p)| live(t, p)).collect();
+    let lives: Vec<LiveOverTime> = traces
+        .iter()
+        .zip(profiles)
+        .map(|(t, p)| live(t, p))
+        .collect();
     let parts: Vec<Part> = profiles
         .iter()
         .zip(&lives)

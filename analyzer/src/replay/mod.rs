@@ -73,7 +73,15 @@ impl Default for ReplayOptions {
 pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
     let (stacks, timeline) = rayon::join(
         || stacks::per_stack(trace, opts.progress.as_deref()),
-        || ordered::in_time_order(trace, opts.series_points, Vec::new(), 0, opts.progress.as_deref()),
+        || {
+            ordered::in_time_order(
+                trace,
+                opts.series_points,
+                Vec::new(),
+                0,
+                opts.progress.as_deref(),
+            )
+        },
     );
     let live: HashMap<u32, u64> = match timeline.peak_ordinal {
         Some(peak) if opts.live_at_peak => {

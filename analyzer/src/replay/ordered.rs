@@ -116,7 +116,6 @@ impl Timeline {
                     self.peak_used_ticks = ticks;
                     self.peak_ordinal = Some(self.ordinal);
                 }
-
             }
             fb::MemKind::FreePost => {
                 self.frees += 1;
@@ -143,7 +142,8 @@ impl Timeline {
         if let Some(ep) = &mut self.open_epoch {
             ep.gpu_max = ep.gpu_max.max(self.used);
         }
-        self.series.add(ticks, self.used, self.acquired, self.ordinal);
+        self.series
+            .add(ticks, self.used, self.acquired, self.ordinal);
         while self.stops.get(self.next_stop) == Some(&self.ordinal) {
             self.snapshot();
             self.next_stop += 1;
@@ -274,7 +274,12 @@ impl Timeline {
     pub(super) fn series(&self, trace: &Trace) -> Series {
         let d = &self.series;
         let t0 = trace.header.ticks0;
-        let filled = || d.buckets.iter().enumerate().filter_map(|(i, b)| Some((i, (*b)?)));
+        let filled = || {
+            d.buckets
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| Some((i, (*b)?)))
+        };
         Series {
             bucket_ns: trace.ticks_to_ns(1u64 << d.shift.min(63)) as f64,
             points: filled()
