@@ -24,11 +24,10 @@ if (outDir) {
     const box = await page.locator(selector).boundingBox();
     await page.screenshot({ path: join(outDir, name), clip: box });
   };
+  // Hover the largest band of a point a third of the way in, where the tooltip has room.
   const t = await page.evaluate(() => {
     const tl = window.poolsight.timelines()[0], run = tl.runs[0];
-    let i = 0;
-    run.used.forEach((u, k) => { if (u > run.used[k === 0 ? 0 : i]) i = k; });
-    return tl.bandCenter(i, 0);
+    return tl.bandCenter(Math.floor(run.t.length / 3), 0);
   });
   await page.mouse.move(t.x, t.y);
   await page.screenshot({ path: join(outDir, "html-timeline.png"), clip: { x: 0, y: 0, width: 1200, height: 560 } });

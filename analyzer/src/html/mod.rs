@@ -16,7 +16,7 @@ use crate::reader::Trace;
 use crate::replay::{live_over_time, LiveOverTime, Profile};
 
 /// Stacks kept per timeline point for the live-at-an-instant view (the rest are summed).
-pub const LIVE_STACKS: usize = 48;
+pub const LIVE_STACKS: usize = 128;
 
 /// How a trace is named in the page: its rank and path, or its path.
 pub fn trace_name(profile: &Profile) -> String {
