@@ -13,7 +13,7 @@ use poolsight::analyzer::functions::{self, Unit};
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::timers::{self, TimeUnit, Which};
 use poolsight::analyzer::{
-    epochs, export, info, lines, load, timeline, Profile, ReplayOptions, Trace,
+    epochs, export, html, info, lines, load, timeline, Profile, ReplayOptions, Trace,
 };
 
 use crate::demo::{DemoDevice, DemoOptions};
@@ -175,6 +175,22 @@ enum Command {
         /// Where to write the SVG.
         #[arg(short, long)]
         output: PathBuf,
+    },
+    /// One self-contained interactive HTML page: the active-memory timeline by stack, what was
+    /// live at any instant, flamegraphs, sortable tables.
+    ///
+    /// No network needed to open it: script, style and data are inline. Several traces (the
+    /// ranks of one job) get a view selector: merged, or each rank.
+    Html {
+        /// Trace file(s); several are the ranks of one job.
+        #[arg(required = true)]
+        traces: Vec<PathBuf>,
+        /// Where to write the page.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Title of the page (default: the traces' names).
+        #[arg(long)]
+        title: Option<String>,
     },
     /// Convert a trace for other tools: Perfetto/Chrome, folded stacks, JSON Lines.
     ///
@@ -407,6 +423,18 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             );
             let svg = flamegraph::flamegraph_svg(&profile, Metric::Used, &title)?;
             term::write_file(&svg_path, &svg)?;
+            let html_path = outcome.path.with_extension("html");
+            let title = format!(
+                "poolsight demo ({})",
+                names(std::slice::from_ref(&outcome.path))
+            );
+            write_html(std::slice::from_ref(&outcome.path), &html_path, &title)?;
+            writeln!(
+                out,
+                "\nflamegraph: {}\ninteractive report: {} (open it in a browser)",
+                svg_path.display(),
+                html_path.display()
+            )?;
         }
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
@@ -512,6 +540,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let svg = flamegraph::flamegraph_svg(&profile, metric, &title)?;
             term::write_file(&output, &svg)?;
         }
+        Command::Html {
+            traces,
+            output,
+            title,
+        } => {
+            let title = title.unwrap_or_else(|| format!("poolsight: {}", names(&traces)));
+            write_html(&traces, &output, &title)?;
+        }
         Command::Timeline { traces, output } => {
             let profile = Profile::merge(term::load_profiles(&traces, false)?);
             term::write_file(&output, &timeline::timeline_svg(&profile)?)?;
@@ -570,6 +606,19 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Replays the traces (with the bytes live at the peak) and writes their HTML report.
+fn write_html(traces: &[PathBuf], output: &Path, title: &str) -> anyhow::Result<()> {
+    let loaded = term::load_traces(
+        traces,
+        ReplayOptions {
+            live_at_peak: true,
+            ..ReplayOptions::default()
+        },
+    )?;
+    let page = html::report_page(title, &loaded.traces, &loaded.profiles);
+    term::write_file(output, page.as_bytes())
 }
 
 /// Loads the input and computes one report per view.

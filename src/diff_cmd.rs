@@ -9,7 +9,7 @@ use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
 use poolsight::analyzer::flamegraph::{self, FlameError, Metric};
 use poolsight::analyzer::incomplete;
 use poolsight::analyzer::report::{self, ReportOptions};
-use poolsight::analyzer::Profile;
+use poolsight::analyzer::{html, Profile, ReplayOptions};
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
@@ -80,6 +80,10 @@ pub struct DiffArgs {
     /// refusing them with exit code 2; the report names the partial side.
     #[arg(long)]
     pub allow_incomplete: bool,
+    /// Write an interactive HTML page: both runs' timelines on one axis, the differential
+    /// flamegraph (any metric), each run's tables. With several runs, the first of each side.
+    #[arg(long, value_name = "F.html")]
+    pub html: Option<PathBuf>,
     /// What the flamegraph measures: used, acquired, peak or time.
     #[arg(long, default_value = "used", value_parser = parse_metric, requires = "flamegraph")]
     pub flamegraph_metric: Metric,
@@ -143,6 +147,23 @@ fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::R
     })
 }
 
+/// The HTML page of two runs, each replayed again with the bytes live at the peak.
+fn write_html(path: &Path, base: &Path, new: &Path) -> anyhow::Result<()> {
+    let opts = ReplayOptions {
+        live_at_peak: true,
+        ..ReplayOptions::default()
+    };
+    let load = |p: &Path| crate::term::load_traces(&[p.to_path_buf()], opts.clone());
+    let (b, n) = (load(base)?, load(new)?);
+    let title = format!("poolsight diff: {} vs {}", base.display(), new.display());
+    let page = html::diff_page(
+        &title,
+        (&b.traces[0], &b.profiles[0]),
+        (&n.traces[0], &n.profiles[0]),
+    );
+    crate::term::write_file(path, page.as_bytes())
+}
+
 pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     let (base_paths, new_paths) = sides(&args)?;
     let mut rules = args.fail_on.clone();
@@ -179,6 +200,10 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
             }
             Err(e) => return Err(e).context("differential flamegraph"),
         }
+    }
+
+    if let Some(path) = &args.html {
+        write_html(path, &base_paths[0], &new_paths[0])?;
     }
 
     let show = ShowOptions {

@@ -94,11 +94,13 @@ fn folded_bytes_add_up_to_the_root_totals() {
     // 1000 and 600 round to 1024 and 1024 (512-byte unit), 3000 to 3072, 5000 to 5120.
     assert_eq!(root.used_bytes, 1024 + 3072 + 1024 + 5120);
 
-    // Every line is a path under the link, frames `file:line:name`, in the tree's DFS order.
+    // Every line is a path under the link, frames `name (file:line)` (the space a no-break
+    // one), in the tree's DFS order.
     for l in &used {
         let first = l.split(';').next().expect("a frame");
-        assert!(first.ends_with(":MLP"), "{l}");
-        assert!(first.starts_with(file!()), "{l}");
+        assert!(first.starts_with("MLP\u{a0}("), "{l}");
+        assert!(first.contains(&format!("({}:", file!())), "{l}");
+        assert!(first.ends_with(')'), "{l}");
     }
     let positions: Vec<usize> = ["LinearFunction", "ReLU"]
         .iter()
@@ -155,8 +157,10 @@ fn time_is_self_time_and_adds_up_to_the_outermost_scope() {
     assert_eq!(sum(&lines), outer, "self times partition the outer scope");
     let (model_line, matmul_line) = (&lines[0], &lines[1]);
     let value = |l: &str| -> u64 { l.rsplit_once(' ').expect("count").1.parse().expect("int") };
-    assert!(!model_line.contains(';') && model_line.contains(":Model "));
-    assert!(matmul_line.contains(":Model;") && matmul_line.contains(":MatMul "));
+    assert!(!model_line.contains(';') && model_line.starts_with("Model\u{a0}("));
+    let frames: Vec<&str> = matmul_line.split(';').collect();
+    assert!(frames.len() == 2 && frames[0].starts_with("Model\u{a0}("));
+    assert!(frames[1].starts_with("MatMul\u{a0}("), "{matmul_line}");
     assert!(
         value(matmul_line) >= 6_000_000,
         "two 3 ms calls: {matmul_line}"
@@ -279,7 +283,8 @@ fn differential_flamegraph_compares_the_same_stacks() {
     let lines =
         diff_folded(&folded(&base, Metric::Used), &folded(&new, Metric::Used)).expect("diff");
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].ends_with(":Linear 1024 3072"), "{lines:?}");
+    assert!(lines[0].starts_with("Linear\u{a0}("), "{lines:?}");
+    assert!(lines[0].ends_with(") 1024 3072"), "{lines:?}");
 
     let once = differential_svg(&base, &new, Metric::Used, "diff").expect("svg");
     let again = differential_svg(&base, &new, Metric::Used, "diff").expect("svg");

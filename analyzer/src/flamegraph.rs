@@ -4,7 +4,8 @@
 //! Each line carries a node's *own* amount, never its subtree's: a flamegraph tool adds children
 //! into their parents itself, so inclusive values would count every byte once per ancestor.
 //!
-//! Frames are [`Frame::key`] (`file:line:name`), sanitized so that a name from user code cannot
+//! Frames read name first, then location (`MLP (src/demo.rs:481)`, see [`frame_display`]), so
+//! that a narrow frame still shows what it is; sanitized so that a name from user code cannot
 //! change how a line parses (see [`frame_label`]).
 
 use std::fmt;
@@ -51,7 +52,7 @@ impl Metric {
         }
     }
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Metric::Used => "used",
             Metric::Acquired => "acquired",
@@ -62,7 +63,7 @@ impl Metric {
 
     /// A node's own amount of this metric. Scope time is inclusive of nested scopes, so their
     /// time is taken out; only scope nodes have time, so subtracting every child's is the same.
-    fn self_value(self, tree: &CallTree, i: usize) -> u64 {
+    pub fn self_value(self, tree: &CallTree, i: usize) -> u64 {
         let n = &tree.nodes[i];
         match self {
             Metric::Used => n.agg.used_bytes,
@@ -117,7 +118,14 @@ pub enum FlameError {
 /// becomes U+00A0 (no-break space), which draws the same in the SVG. Other control characters,
 /// which XML 1.0 cannot carry even escaped, become U+FFFD.
 pub fn frame_label(frame: &Frame) -> String {
-    sanitize(&frame.key())
+    sanitize(&frame_display(frame))
+}
+
+/// A frame as people read it: the scope or function name, then its location:
+/// `MLP (src/demo.rs:481)`. (Reports keyed by location, `lines` and `diff`, keep
+/// [`Frame::key`]'s `file:line:name`.)
+pub fn frame_display(frame: &Frame) -> String {
+    format!("{} ({}:{})", frame.name, frame.file, frame.line)
 }
 
 fn sanitize(field: &str) -> String {

@@ -9,6 +9,7 @@ pub mod epochs;
 pub mod export;
 pub mod flamegraph;
 pub mod functions;
+pub mod html;
 pub mod incomplete;
 pub mod info;
 pub mod lines;

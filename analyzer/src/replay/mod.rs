@@ -31,6 +31,7 @@ use std::sync::Arc;
 
 use crate::reader::{ChunkKind, Trace};
 
+pub use ordered::Snapshot;
 pub use profile::{
     signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Seen, Series, Source,
     NEVER,
@@ -74,12 +75,25 @@ impl Default for ReplayOptions {
 pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
     let (stacks, timeline) = rayon::join(
         || stacks::per_stack(trace, opts.progress.as_deref()),
-        || ordered::in_time_order(trace, opts.series_points, None, opts.progress.as_deref()),
+        || {
+            ordered::in_time_order(
+                trace,
+                opts.series_points,
+                Vec::new(),
+                0,
+                opts.progress.as_deref(),
+            )
+        },
     );
-    let live = if opts.live_at_peak && timeline.peak_ordinal.is_some() {
-        ordered::in_time_order(trace, 0, timeline.peak_ordinal, opts.progress.as_deref()).live
-    } else {
-        HashMap::new()
+    let live: HashMap<u32, u64> = match timeline.peak_ordinal {
+        Some(peak) if opts.live_at_peak => {
+            ordered::in_time_order(trace, 0, vec![peak], usize::MAX, opts.progress.as_deref())
+                .snapshots
+                .pop()
+                .map(|s| s.stacks.into_iter().collect())
+                .unwrap_or_default()
+        }
+        _ => HashMap::new(),
     };
     let (events, last_ticks) = (stacks.events, stacks.last_ticks);
     let tree = stacks::build_tree(trace, index, &stacks.into_map(), &live);
@@ -103,6 +117,48 @@ pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
         sources: vec![source],
         tree,
     }
+}
+
+/// Bytes live by stack over time, for the HTML report's timeline: one [`Snapshot`] per point
+/// of `series` (a replay of `trace`), taken right after the memory event that reached the
+/// point's used maximum, so each snapshot's bytes add up to that maximum exactly. Each keeps
+/// its `keep` largest stacks. A third walk over the memory events, tracking live blocks:
+/// memory is bounded by the live blocks and `series`' points times `keep`.
+pub fn live_over_time(trace: &Trace, series: &Series, keep: usize) -> LiveOverTime {
+    let mut stops = series.used_max_ordinals.clone();
+    stops.sort_unstable();
+    stops.dedup();
+    let snapshots = if stops.is_empty() {
+        Vec::new()
+    } else {
+        ordered::in_time_order(trace, 0, stops.clone(), keep, None).snapshots
+    };
+    let by_ordinal: HashMap<u64, &Snapshot> = stops.iter().copied().zip(&snapshots).collect();
+    let points: Vec<Snapshot> = series
+        .used_max_ordinals
+        .iter()
+        .map(|o| by_ordinal.get(o).map(|s| (*s).clone()).unwrap_or_default())
+        .collect();
+    let mut ids: Vec<u32> = points
+        .iter()
+        .flat_map(|p| p.stacks.iter().map(|s| s.0))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let stacks = ids
+        .into_iter()
+        .map(|id| (id, stacks::frames_of_stack(trace, id)))
+        .collect();
+    LiveOverTime { points, stacks }
+}
+
+/// What [`live_over_time`] gives.
+#[derive(Debug, Clone, Default)]
+pub struct LiveOverTime {
+    /// One per point of the series.
+    pub points: Vec<Snapshot>,
+    /// The frames of every stack the snapshots name, outermost first.
+    pub stacks: HashMap<u32, Vec<Frame>>,
 }
 
 /// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit).

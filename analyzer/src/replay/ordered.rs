@@ -1,8 +1,8 @@
 //! The time-ordered pass: the memory events of every thread merged by timestamp, with the
 //! epoch marks in between, for the pool's used and acquired bytes over time, its peaks, the
-//! epochs' figures, and (on a second walk) the bytes live at the used peak.
+//! epochs' figures, and (on a later walk) the bytes live by stack at chosen instants: the used
+//! peak, or the maximum of each point of the series for the HTML report's timeline.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use poolsight_schema::fb;
@@ -32,10 +32,25 @@ pub(super) struct Timeline {
     open_epoch: Option<OpenEpoch>,
     epochs: Vec<RawEpoch>,
     series: Downsampler,
-    /// With a stop ordinal: (device, ptr) -> (mem_size, stack) of live blocks.
+    /// With stop ordinals: (device, ptr) -> (mem_size, stack) of live blocks.
     blocks: FxHashMap<(u8, u64), (u64, u32)>,
-    /// Live bytes by stack at the stop ordinal.
-    pub(super) live: HashMap<u32, u64>,
+    /// With stop ordinals: live bytes by stack now.
+    live: FxHashMap<u32, u64>,
+    /// Ordinals to take a snapshot after, ascending, and how many are done.
+    stops: Vec<u64>,
+    next_stop: usize,
+    /// Stacks kept per snapshot, the largest; the rest go to its `other`.
+    keep: usize,
+    pub(super) snapshots: Vec<Snapshot>,
+}
+
+/// Bytes live by stack right after one memory event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// (interned stack id, live bytes), largest first, ties by stack id.
+    pub stacks: Vec<(u32, u64)>,
+    /// Live bytes of the stacks left out.
+    pub other: u64,
 }
 
 #[derive(Clone)]
@@ -60,7 +75,7 @@ struct RawEpoch {
 }
 
 impl Timeline {
-    fn new(t0: u64, points: usize) -> Timeline {
+    fn new(t0: u64, points: usize, stops: Vec<u64>, keep: usize) -> Timeline {
         Timeline {
             used: 0,
             acquired: 0,
@@ -80,7 +95,11 @@ impl Timeline {
             epochs: Vec::new(),
             series: Downsampler::new(t0, points),
             blocks: FxHashMap::default(),
-            live: HashMap::new(),
+            live: FxHashMap::default(),
+            stops,
+            next_stop: 0,
+            keep,
+            snapshots: Vec::new(),
         }
     }
 
@@ -93,7 +112,7 @@ impl Timeline {
                 self.mallocs += 1;
                 self.used = self.used.saturating_add(signed(size));
                 if track {
-                    self.blocks.insert((e.device(), e.ptr()), (size, e.stack()));
+                    self.track_malloc(e, size);
                 }
                 if self.used > self.peak_used {
                     self.peak_used = self.used;
@@ -105,7 +124,7 @@ impl Timeline {
                 self.frees += 1;
                 self.used = self.used.saturating_sub(signed(e.bytes()));
                 if track {
-                    self.blocks.remove(&(e.device(), e.ptr()));
+                    self.track_free(e);
                 }
             }
             fb::MemKind::AllocPost if e.ptr() != 0 => {
@@ -127,8 +146,54 @@ impl Timeline {
             ep.gpu_max = ep.gpu_max.max(self.used);
             ep.held_max = ep.held_max.max(self.acquired);
         }
-        self.series.add(ticks, self.used, self.acquired);
+        self.series
+            .add(ticks, self.used, self.acquired, self.ordinal);
+        while self.stops.get(self.next_stop) == Some(&self.ordinal) {
+            self.snapshot();
+            self.next_stop += 1;
+        }
         self.ordinal += 1;
+    }
+
+    /// True once every stop's snapshot is taken (never without stops).
+    fn stopped(&self) -> bool {
+        !self.stops.is_empty() && self.next_stop == self.stops.len()
+    }
+
+    fn track_malloc(&mut self, e: &fb::MemEvent, size: u64) {
+        // A pointer handed out twice without a free between (only in a damaged trace) counts
+        // once, as the pool's own accounting would.
+        if let Some((old, stack)) = self.blocks.insert((e.device(), e.ptr()), (size, e.stack())) {
+            self.unlive(stack, old);
+        }
+        let live = self.live.entry(e.stack()).or_default();
+        *live = live.saturating_add(size);
+    }
+
+    fn track_free(&mut self, e: &fb::MemEvent) {
+        if let Some((size, stack)) = self.blocks.remove(&(e.device(), e.ptr())) {
+            self.unlive(stack, size);
+        }
+    }
+
+    fn unlive(&mut self, stack: u32, size: u64) {
+        if let Some(live) = self.live.get_mut(&stack) {
+            *live = live.saturating_sub(size);
+            if *live == 0 {
+                self.live.remove(&stack);
+            }
+        }
+    }
+
+    fn snapshot(&mut self) {
+        let mut stacks: Vec<(u32, u64)> = self.live.iter().map(|(&s, &b)| (s, b)).collect();
+        stacks.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let other = stacks
+            .iter()
+            .skip(self.keep)
+            .fold(0u64, |t, s| t.saturating_add(s.1));
+        stacks.truncate(self.keep);
+        self.snapshots.push(Snapshot { stacks, other });
     }
 
     fn mark(&mut self, e: &fb::MarkEvent) {
@@ -220,19 +285,21 @@ impl Timeline {
     pub(super) fn series(&self, trace: &Trace) -> Series {
         let d = &self.series;
         let t0 = trace.header.ticks0;
-        Series {
-            bucket_ns: trace.ticks_to_ns(1u64 << d.shift.min(63)) as f64,
-            points: d
-                .buckets
+        let filled = || {
+            d.buckets
                 .iter()
                 .enumerate()
-                .filter_map(|(i, b)| {
-                    b.map(|(u, a)| {
-                        let ticks = t0.saturating_add((i as u64) << d.shift);
-                        (trace.ns_since_start(ticks), u, a)
-                    })
+                .filter_map(|(i, b)| Some((i, (*b)?)))
+        };
+        Series {
+            bucket_ns: trace.ticks_to_ns(1u64 << d.shift.min(63)) as f64,
+            points: filled()
+                .map(|(i, b)| {
+                    let ticks = t0.saturating_add((i as u64) << d.shift);
+                    (trace.ns_since_start(ticks), b.used, b.acquired)
                 })
                 .collect(),
+            used_max_ordinals: filled().map(|(_, b)| b.used_ordinal).collect(),
         }
     }
 }
@@ -244,7 +311,25 @@ struct Downsampler {
     t0: u64,
     shift: u32,
     cap: usize,
-    buckets: Vec<Option<(i64, i64)>>,
+    buckets: Vec<Option<Bucket>>,
+}
+
+#[derive(Clone, Copy)]
+struct Bucket {
+    used: i64,
+    acquired: i64,
+    /// The first memory event (merge ordinal) that reached `used`.
+    used_ordinal: u64,
+}
+
+impl Bucket {
+    fn max(self, o: Bucket) -> Bucket {
+        let first = if o.used > self.used { o } else { self };
+        Bucket {
+            acquired: self.acquired.max(o.acquired),
+            ..first
+        }
+    }
 }
 
 impl Downsampler {
@@ -258,7 +343,7 @@ impl Downsampler {
     }
 
     #[inline]
-    fn add(&mut self, ticks: u64, used: i64, acquired: i64) {
+    fn add(&mut self, ticks: u64, used: i64, acquired: i64, ordinal: u64) {
         if self.cap == 0 {
             return;
         }
@@ -270,10 +355,15 @@ impl Downsampler {
         if i >= self.buckets.len() {
             self.buckets.resize(i + 1, None);
         }
+        let now = Bucket {
+            used,
+            acquired,
+            used_ordinal: ordinal,
+        };
         let b = &mut self.buckets[i];
         *b = Some(match *b {
-            Some((u, a)) => (u.max(used), a.max(acquired)),
-            None => (used, acquired),
+            Some(b) => b.max(now),
+            None => now,
         });
     }
 
@@ -281,12 +371,7 @@ impl Downsampler {
         let merged = self
             .buckets
             .chunks(2)
-            .map(|p| {
-                p.iter()
-                    .flatten()
-                    .copied()
-                    .reduce(|x, y| (x.0.max(y.0), x.1.max(y.1)))
-            })
+            .map(|p| p.iter().flatten().copied().reduce(Bucket::max))
             .collect();
         self.buckets = merged;
         self.shift += 1;
@@ -340,8 +425,9 @@ impl<'a> Stream<'a> {
     }
 }
 
-/// Walks memory events of all threads and the marks in time order. With `stop`, tracks live
-/// blocks and stops after the memory event of that ordinal, leaving live bytes by stack.
+/// Walks memory events of all threads and the marks in time order. With `stops` (ascending
+/// ordinals), tracks live blocks, takes a [`Snapshot`] of the live bytes by stack (the `keep`
+/// largest stacks) after the memory event of each ordinal, and stops after the last.
 ///
 /// The merge picks the thread whose next event is earliest and takes its events while they are
 /// no later than any other thread's next event or the next mark. Threads are few, so a scan
@@ -350,11 +436,13 @@ impl<'a> Stream<'a> {
 pub(super) fn in_time_order(
     trace: &Trace,
     points: usize,
-    stop: Option<u64>,
+    stops: Vec<u64>,
+    keep: usize,
     progress: Option<&AtomicU64>,
 ) -> Timeline {
     let units = Units::of(trace);
-    let mut tl = Timeline::new(trace.header.ticks0, points);
+    let track = !stops.is_empty();
+    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
     let mut marks: Vec<&fb::MarkEvent> = trace
         .chunks
         .iter()
@@ -386,7 +474,6 @@ pub(super) fn in_time_order(
         .iter_mut()
         .map(|s| s.peek(trace, progress))
         .collect();
-    let track = stop.is_some();
     let mut next_mark = 0;
     let mut released = 0u64;
     'outer: loop {
@@ -423,7 +510,7 @@ pub(super) fn in_time_order(
             let e = &s.events[s.at];
             s.at += 1;
             tl.mem(ticks, e, &units, track);
-            if stop == Some(tl.ordinal - 1) {
+            if tl.stopped() {
                 break 'outer;
             }
         }
@@ -435,14 +522,9 @@ pub(super) fn in_time_order(
             }
         }
     }
-    if stop.is_none() {
+    if !track {
         for m in &marks[next_mark..] {
             tl.mark(m);
-        }
-    } else {
-        for (size, stack) in tl.blocks.values() {
-            let live = tl.live.entry(*stack).or_default();
-            *live = live.saturating_add(*size);
         }
     }
     let end = trace.bytes().len() as u64;

@@ -320,6 +320,10 @@ pub struct Series {
     pub bucket_ns: f64,
     /// (ns at bucket start, max used bytes, max acquired bytes)
     pub points: Vec<(u64, i64, i64)>,
+    /// Per point, the merge ordinal of the memory event that first reached its used maximum
+    /// (what [`crate::replay::live_over_time`] takes its snapshots after).
+    #[serde(skip)]
+    pub used_max_ordinals: Vec<u64>,
 }
 
 /// One replayed trace's own figures.

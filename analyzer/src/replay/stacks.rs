@@ -252,3 +252,12 @@ fn node_for(
     }
     at
 }
+
+/// The frames of an interned stack, outermost first (cut at [`MAX_STACK_DEPTH`] in a damaged
+/// trace whose stacks loop).
+pub(super) fn frames_of_stack(trace: &Trace, id: u32) -> Vec<Frame> {
+    let mut tree = CallTree::default();
+    let mut node_of = HashMap::from([(0, 0)]);
+    let node = node_for(trace, &mut tree, &mut node_of, id);
+    tree.path(node).into_iter().cloned().collect()
+}

@@ -1,0 +1,216 @@
+// End-to-end tests of `poolsight html` in a real browser: Debian's Chromium driven by
+// playwright-core (which never downloads a browser of its own). Run by
+// scripts/browser-tests.sh, which builds the binary and names it in POOLSIGHT_BIN.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { chromium } from "playwright-core";
+
+const root = resolve(import.meta.dirname, "..", "..");
+const bin = process.env.POOLSIGHT_BIN || join(root, "target", "debug", "poolsight");
+const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
+const fixture = (name) => join(root, "fixtures", "traces", name + ".pstrace");
+const work = mkdtempSync(join(tmpdir(), "poolsight-browser-"));
+let browser;
+
+const poolsight = (...args) => execFileSync(bin, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
+
+function report(traces, name) {
+  const out = join(work, name + ".html");
+  poolsight("html", ...traces, "-o", out);
+  return out;
+}
+
+async function open(file) {
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  const errors = [];
+  page.on("pageerror", (e) => errors.push(String(e)));
+  page.on("dialog", (d) => { errors.push("dialog: " + d.message()); d.dismiss(); });
+  // Nothing may be fetched: the page is self-contained.
+  await page.route((url) => !url.href.startsWith("file:"), (r) => { errors.push("request: " + r.request().url()); r.abort(); });
+  await page.goto("file://" + file);
+  await page.waitForSelector("body[data-ready='1']", { timeout: 10000 });
+  return { page, errors };
+}
+
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: chromiumPath,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync"],
+  });
+});
+
+after(async () => {
+  if (browser) await browser.close();
+  rmSync(work, { recursive: true, force: true });
+});
+
+// The stacks live at the pool's peak as `poolsight export --format folded --metric peak`
+// gives them: innermost frame label -> bytes.
+function liveAtPeak(trace) {
+  const out = poolsight("export", "--format", "folded", "--metric", "peak", "-o", "-", trace);
+  return out.trim().split("\n").map((l) => {
+    const at = l.lastIndexOf(" ");
+    const frames = l.slice(0, at).replace(/\u00a0/g, " ").split(";");
+    return { leaf: frames[frames.length - 1], stack: frames.join(" \u2192 "), bytes: Number(l.slice(at + 1)) };
+  });
+}
+
+test("the timeline's peak is info's peak, and hovering a band names its stack", async () => {
+  const trace = fixture("chainer_nested");
+  const info = JSON.parse(poolsight("info", "--format", "json", trace));
+  const { page, errors } = await open(report([trace], "chainer"));
+  const canvas = page.locator("canvas.timeline").first();
+  assert.equal(Number(await canvas.getAttribute("data-peak-bytes")), info.pool.peak_used_bytes, "the drawn stack's top");
+  assert.match(await page.textContent("#summary"), /peak used 8\.00MB/);
+
+  // The band of the largest stack at the peak point.
+  const { x, y, name } = await page.evaluate(() => {
+    const t = window.poolsight.timelines()[0], run = t.runs[0];
+    let i = 0;
+    run.used.forEach((u, k) => { if (u > run.used[i]) i = k; });
+    const c = t.bandCenter(i, 0);
+    const path = run.stacks[run.top[0]];
+    return { ...c, name: window.poolsight.data.frames[path[path.length - 1]] };
+  });
+  await page.mouse.move(x, y);
+  const tip = await page.textContent("#tooltip");
+  assert.ok(await page.isVisible("#tooltip"), "a tooltip shows");
+  assert.ok(tip.startsWith(name), `tooltip names the stack: ${tip}`);
+  assert.match(tip, /6\.00MB live/);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("clicking the peak instant shows the live-at-peak stacks with their bytes", async () => {
+  const trace = fixture("chainer_nested");
+  const { page, errors } = await open(report([trace], "chainer-click"));
+  await page.click("#zoom-reset");
+  // Click an early instant first, then the peak's band: the view follows the click.
+  const at = await page.evaluate(() => {
+    const t = window.poolsight.timelines()[0], run = t.runs[0];
+    let i = 0;
+    run.used.forEach((u, k) => { if (u > run.used[i]) i = k; });
+    return t.bandCenter(i, 0);
+  });
+  const early = await page.evaluate(() => {
+    const t = window.poolsight.timelines()[0], run = t.runs[0];
+    const i = run.used.findIndex((u) => u < run.peak_used_bytes);
+    return t.bandCenter(i, 0).x;
+  });
+  const box = await page.locator("canvas.timeline").first().boundingBox();
+  await page.mouse.click(early, box.y + box.height - 30);
+  assert.doesNotMatch(await page.textContent("#live-title"), /the peak/, "an early instant");
+  await page.mouse.click(at.x, at.y);
+  assert.match(await page.textContent("#live-title"), /\(the peak\): 8\.00MB/);
+  const rows = await page.$$eval("#live-table tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+  const want = liveAtPeak(trace);
+  assert.equal(rows.length, want.length);
+  for (const w of want) {
+    const row = rows.find((r) => r[3] === w.stack);
+    assert.ok(row, `stack ${w.stack} listed: ${JSON.stringify(rows)}`);
+    assert.equal(row[0], w.leaf);
+    assert.equal(Number(row[2].replace(/,/g, "")), w.bytes);
+  }
+  // Largest first.
+  assert.equal(rows[0][1], "6.00MB");
+  const flame = await page.$$eval("#live-flame .frame", (ds) => ds.map((d) => d.dataset.name));
+  assert.ok(flame.includes("Inner (tests/scenarios/mod.rs:81)"), flame.join(", "));
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("searching the flamegraph highlights matching frames; clicking zooms", async () => {
+  const { page, errors } = await open(report([fixture("chainer_nested")], "chainer-search"));
+  await page.click("#metrics button[data-metric=used]");
+  await page.fill("#search", "^Inner");
+  await page.waitForSelector("#flame .frame.match");
+  const matched = await page.$$eval("#flame .frame.match", (ds) => ds.map((d) => d.dataset.name));
+  assert.ok(matched.length > 0 && matched.every((n) => n.startsWith("Inner")), matched.join(", "));
+  assert.match(await page.textContent("#search-result"), /^matched 6\.00MB \(\d+\.\d%\)$/);
+  const inner = page.locator("#flame .frame.match").first();
+  await inner.click();
+  const width = await inner.evaluate((d) => parseFloat(d.style.width));
+  const full = await page.$eval("#flame", (f) => f.clientWidth);
+  assert.ok(Math.abs(width - full) < 1, `zoomed frame fills the width (${width} of ${full})`);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("a table sorts by a column when its header is clicked", async () => {
+  const { page, errors } = await open(report([fixture("chainer_nested")], "chainer-sort"));
+  const header = page.locator("#functions-table th", { hasText: /^UsedBytes$/ });
+  const names = () => page.$$eval("#functions-table tbody tr", (trs) => trs.map((tr) => tr.cells[0].textContent));
+  assert.deepEqual(await names(), ["Inner", "Outer", "LinearFunction"], "first-seen order");
+  await header.click();
+  assert.equal(await header.getAttribute("aria-sort"), "descending");
+  assert.deepEqual(await names(), ["Outer", "Inner", "LinearFunction"]);
+  await header.click();
+  assert.equal(await header.getAttribute("aria-sort"), "ascending");
+  assert.deepEqual(await names(), ["LinearFunction", "Inner", "Outer"]);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("several ranks get a view selector", async () => {
+  const { page, errors } = await open(report([fixture("two_ranks-rank0"), fixture("two_ranks-rank1")], "ranks"));
+  const options = await page.$$eval("#rank option", (os) => os.map((o) => o.textContent));
+  assert.equal(options.length, 3);
+  assert.equal(options[0], "all ranks (merged)");
+  assert.equal(await page.locator("canvas.timeline").count(), 2, "merged: one timeline per rank");
+  await page.selectOption("#rank", "2");
+  assert.equal(await page.locator("canvas.timeline").count(), 1);
+  assert.match(options[2], /^rank 1 /);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("diff --html shows both runs on one axis and the differential flamegraph", async () => {
+  const out = join(work, "diff.html");
+  const base = fixture("chainer_nested"), nu = fixture("cupy_line_profile");
+  try {
+    poolsight("diff", base, nu, "--html", out);
+  } catch (e) {
+    if (e.status !== 1) throw e;
+  }
+  const { page, errors } = await open(out);
+  assert.equal(await page.locator("canvas.timeline").count(), 1);
+  assert.match(await page.textContent(".run-title"), /base: .*vs.*new: /);
+  assert.match(await page.textContent("#flame-title"), /^Differential flamegraph/);
+  assert.ok(await page.locator("#flame .frame").count() > 1);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("a screenshot of the report is not blank", async () => {
+  const { page, errors } = await open(report([fixture("chainer_nested")], "chainer-shot"));
+  const png = await page.screenshot({ fullPage: false });
+  writeFileSync(join(work, "shot.png"), png);
+  // Decode the PNG in the page itself and count the pixels that are not the background.
+  const share = await page.evaluate(async (b64) => {
+    const img = new Image();
+    img.src = "data:image/png;base64," + b64;
+    await img.decode();
+    const c = document.createElement("canvas");
+    c.width = img.width; c.height = img.height;
+    const g = c.getContext("2d");
+    g.drawImage(img, 0, 0);
+    const px = g.getImageData(0, 0, c.width, c.height).data;
+    const colors = new Set();
+    let ink = 0;
+    for (let i = 0; i < px.length; i += 4) {
+      const v = (px[i] << 16) | (px[i + 1] << 8) | px[i + 2];
+      if (v !== 0xfafafa && v !== 0xffffff) ink++;
+      if (colors.size < 64) colors.add(v);
+    }
+    return { ink: ink / (px.length / 4), colors: colors.size };
+  }, png.toString("base64"));
+  assert.ok(share.ink > 0.1, `at least a tenth of the pixels drawn: ${JSON.stringify(share)}`);
+  assert.ok(share.colors >= 16, `many colors: ${JSON.stringify(share)}`);
+  assert.deepEqual(errors, []);
+  await page.close();
+});

@@ -1,0 +1,41 @@
+// Screenshots of a report for the docs, and its time to interactive.
+//   node tests/browser/screenshots.mjs demo.html docs/   # writes docs/html-*.png
+//   node tests/browser/screenshots.mjs big.html          # only prints the timings
+import { chromium } from "playwright-core";
+import { resolve, join } from "node:path";
+import { statSync } from "node:fs";
+
+const [file, outDir] = process.argv.slice(2);
+const path = resolve(file);
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync"],
+});
+const page = await browser.newPage({ viewport: { width: 1200, height: 860 } });
+const t0 = Date.now();
+await page.goto("file://" + path);
+await page.waitForSelector("body[data-ready='1']", { timeout: 60000 });
+const wall = Date.now() - t0;
+const ready = await page.evaluate(() => window.poolsightReadyMs);
+console.log(`${file}: ${statSync(path).size} bytes; interactive ${ready.toFixed(0)} ms after navigation start (${wall} ms wall from goto)`);
+if (outDir) {
+  const shot = async (name, selector) => {
+    const box = await page.locator(selector).boundingBox();
+    await page.screenshot({ path: join(outDir, name), clip: box });
+  };
+  // Hover the largest band of a point a third of the way in, where the tooltip has room.
+  const t = await page.evaluate(() => {
+    const tl = window.poolsight.timelines()[0], run = tl.runs[0];
+    return tl.bandCenter(Math.floor(run.t.length / 3), 0);
+  });
+  await page.mouse.move(t.x, t.y);
+  await page.screenshot({ path: join(outDir, "html-timeline.png"), clip: { x: 0, y: 0, width: 1200, height: 560 } });
+  await page.mouse.move(0, 0);
+  await shot("html-live.png", "#live-section");
+  await page.click("#metrics button[data-metric=used]");
+  await page.fill("#search", "Linear");
+  await page.waitForTimeout(200);
+  await shot("html-flamegraph.png", "#flame-section");
+}
+await browser.close();
