@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every test, Rust and Python, in one command. It sets up what the Python tests need in a
-# project-local virtual environment (.venv, reused when present): maturin, pytest, ruff, numpy
-# and PyTorch from PyPI (CPU is enough; about 4.6 GB the first time), then builds and installs
-# the poolsight wheel into it and runs pytest. Chainer gets its own environment (.venv-chainer:
-# it needs numpy < 2).
+# project-local virtual environment (.venv, reused when present): maturin, pytest, ruff, numpy,
+# PyTorch and Lightning from PyPI (CPU is enough; about 4.6 GB the first time), then builds and
+# installs the poolsight wheel into it, runs the HTML report's browser tests (installing
+# Debian's chromium and playwright-core when missing) and pytest. Chainer gets its own
+# environment (.venv-chainer: it needs numpy < 2).
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh --rust     only `cargo test --workspace`
@@ -52,6 +53,9 @@ if [ -f python/requirements-chainer.txt ]; then
   "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
   export POOLSIGHT_CHAINER_PYTHON="$PWD/$CHAINER_VENV/bin/python"
 fi
+
+echo "== browser tests of the HTML report (headless Chromium; skipped with a reason when unavailable)"
+scripts/browser-tests.sh
 
 echo "== pytest"
 "$VENV/bin/python" -m pytest -q python/tests
