@@ -293,3 +293,54 @@ fn output_does_not_depend_on_the_number_of_threads() {
         );
     }
 }
+
+/// Traces of every released format version stay readable and keep giving the same reports:
+/// `fixtures/traces/v<version>/` holds traces written by that version's recorder (never
+/// re-recorded), `fixtures/expected/v<version>/` their reports (rewritten by
+/// `POOLSIGHT_BLESS=1` only if the analysis itself changes, never the traces).
+#[test]
+fn older_format_versions_stay_readable() {
+    let mut mismatches = Vec::new();
+    for version in ["1.0"] {
+        let dir = format!("fixtures/traces/v{version}");
+        for name in [
+            "chainer_nested",
+            "cupy_line_profile",
+            "fastai_epochs",
+            "two_ranks",
+        ] {
+            let traces = traces(name, &dir);
+            for t in &traces {
+                let info: serde_json::Value = serde_json::from_str(&poolsight(
+                    &["info", "--format", "json"],
+                    std::slice::from_ref(t),
+                ))
+                .expect("info json");
+                assert_eq!(info["format_version"], version, "{t}");
+                assert_eq!(info["finished"], true, "{t}");
+                assert_eq!(info["warnings"], serde_json::json!([]), "{t}");
+            }
+            let expected = root()
+                .join("fixtures/expected")
+                .join(format!("v{version}"))
+                .join(name);
+            std::fs::create_dir_all(&expected).expect("mkdir");
+            for cmd in ["functions", "lines", "epochs"] {
+                let got = poolsight(&[cmd, "--format", "json"], &traces);
+                let path = expected.join(format!("{cmd}.json"));
+                if blessing() {
+                    std::fs::write(&path, &got).expect("write expected");
+                    continue;
+                }
+                let want = std::fs::read_to_string(&path).unwrap_or_default();
+                if got != want {
+                    mismatches.push(format!(
+                        "{}:\n--- expected\n{want}\n--- got\n{got}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
