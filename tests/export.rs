@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::trace_path;
-use poolsight::analyzer::export::{chrome, jsonl, ExportSummary, EPOCHS_TID};
+use poolsight::analyzer::export::{
+    chrome, jsonl, ExportSummary, CPU_TRACK, EPOCHS_TID, HELD_TRACK, USED_TRACK,
+};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
 use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};
@@ -198,27 +200,42 @@ fn chrome_export_has_a_nested_slice_per_scope_and_the_pool_peak_as_counter() {
 
     let counters = of_phase(&events, "C");
     assert!(!counters.is_empty());
-    assert!(counters.iter().all(|c| c["name"] == "pool"));
-    let max = |key: &str| {
+    assert!(counters
+        .iter()
+        .all(|c| [USED_TRACK, HELD_TRACK, CPU_TRACK].contains(&c["name"].as_str().unwrap_or(""))));
+    let track = |name: &str| -> Vec<&Value> {
         counters
             .iter()
-            .filter_map(|c| c["args"][key].as_u64())
+            .copied()
+            .filter(|c| c["name"] == name)
+            .collect()
+    };
+    let max = |name: &str| {
+        track(name)
+            .iter()
+            .filter_map(|c| c["args"]["bytes"].as_u64())
             .max()
             .unwrap_or(0)
     };
     let pool = &profile.sources[0].pool;
-    assert_eq!(max("used_bytes"), run.peak_used, "the pool's own peak");
-    assert_eq!(max("used_bytes"), pool.peak_used_bytes);
-    assert_eq!(max("acquired_bytes"), pool.peak_acquired_bytes);
+    assert_eq!(max(USED_TRACK), run.peak_used, "the pool's own peak");
+    assert_eq!(max(USED_TRACK), pool.peak_used_bytes);
+    assert_eq!(max(HELD_TRACK), pool.peak_acquired_bytes);
     assert!(pool.peak_acquired_bytes >= run.peak_used);
-    let (first, last) = (counters[0], counters[counters.len() - 1]);
+    let used = track(USED_TRACK);
     assert_eq!(
-        (ns(&first["ts"]), &first["args"]["used_bytes"]),
+        used.len(),
+        track(HELD_TRACK).len(),
+        "one sample of each per point"
+    );
+    let (first, last) = (used[0], used[used.len() - 1]);
+    assert_eq!(
+        (ns(&first["ts"]), &first["args"]["bytes"]),
         (0, &Value::from(0))
     );
-    assert_eq!(last["args"]["used_bytes"], pool.used_at_end_bytes);
+    assert_eq!(last["args"]["bytes"], pool.used_at_end_bytes);
     assert_eq!(ns(&last["ts"]), profile.sources[0].duration_ns);
-    let times: Vec<u64> = counters.iter().map(|c| ns(&c["ts"])).collect();
+    let times: Vec<u64> = used.iter().map(|c| ns(&c["ts"])).collect();
     assert!(times.windows(2).all(|p| p[0] < p[1]), "{times:?}");
 
     let epochs: Vec<&Value> = of_phase(&events, "X")
@@ -418,4 +435,33 @@ fn ranks_of_one_job_become_processes_on_one_time_axis() {
         .unwrap_or(0);
     assert!(model_start(1) < model_start(0));
     assert!(rank1_end <= model_start(0));
+}
+
+#[test]
+fn chrome_export_has_the_cpu_readings_on_their_own_track() {
+    use poolsight::recorder::{CpuSource, MarkKind};
+    let rec = Recorder::create(
+        trace_path("export-cpu"),
+        RecorderConfig {
+            cpu_source: CpuSource::Rss,
+            ..RecorderConfig::default()
+        },
+    )
+    .expect("recorder");
+    let path = rec.path();
+    let h = rec.handle();
+    h.record_mark(MarkKind::EpochBegin, 1, 1000, 0);
+    h.record_mark(MarkKind::CpuSample, 0, 5000, 0);
+    h.record_mark(MarkKind::EpochEnd, 1, 3000, 5000);
+    rec.finish().expect("finish");
+
+    let (trace, profile) = open(&path);
+    let (bytes, _) = export_chrome(&[(&trace, &profile)]);
+    let events = chrome_events(&bytes);
+    let cpu: Vec<u64> = of_phase(&events, "C")
+        .into_iter()
+        .filter(|c| c["name"] == CPU_TRACK)
+        .map(|c| c["args"]["bytes"].as_u64().expect("bytes"))
+        .collect();
+    assert_eq!(cpu, [1000, 5000, 3000], "every reading, in time order");
 }

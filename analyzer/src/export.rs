@@ -59,6 +59,13 @@ pub struct ExportSummary {
 /// from 1, so the top id never names one; it stays a `u32`, which the Perfetto importer needs.
 pub const EPOCHS_TID: u32 = u32::MAX;
 
+/// Counter track of the pool's live bytes in the Chrome export.
+pub const USED_TRACK: &str = "pool used bytes";
+/// Counter track of the bytes the pool holds from the device (live and cached).
+pub const HELD_TRACK: &str = "pool held bytes";
+/// Counter track of the CPU memory the recorder read.
+pub const CPU_TRACK: &str = "cpu bytes";
+
 /// Output buffer: callers hand in any writer (a file, stdout, a `Vec`), and the small writes
 /// of one event each must not each become a syscall.
 const BUFFER_BYTES: usize = 1 << 16;
@@ -72,11 +79,14 @@ const BUFFER_BYTES: usize = 1 << 16;
 ///
 /// - a complete slice (`"ph":"X"`) per closed scope on its recorder thread's track, named after
 ///   the scope, `cat` function, link or scope, `args` phase, file and line;
-/// - the pool's used and acquired bytes as a counter (`"ph":"C"`, name `pool`), one sample per
-///   point of the profile's series: each is the maximum over its time bucket, placed at the
-///   bucket's start, so the counter's peak is the pool's exact peak (a rise shows up to one
-///   bucket early); a first sample of 0 at the trace's start and a last one at its end, with
-///   the bytes still in use then, frame them;
+/// - the pool's used (live) and held (acquired from the device) bytes as two counter tracks
+///   (`"ph":"C"`, names [`USED_TRACK`] and [`HELD_TRACK`], `args.bytes`), one sample per point
+///   of the profile's series: each is the maximum over its time bucket, placed at the bucket's
+///   start, so each counter's peak is the pool's exact peak (a rise shows up to one bucket
+///   early); a first sample of 0 at the trace's start and a last one at its end, with the bytes
+///   still in use then, frame them;
+/// - the CPU memory the recorder read (samples and epoch edges) as a third counter track,
+///   [`CPU_TRACK`], when the trace has a CPU source;
 /// - epochs as slices on their own `epochs` track (thread [`EPOCHS_TID`]);
 /// - each out-of-memory event as a process-wide instant (`"ph":"i"`).
 ///
@@ -376,15 +386,46 @@ impl ChromeProcess<'_> {
             .into_iter()
             .chain(points.iter().copied())
             .chain(closing);
+        // One track per figure: a counter event with several args is drawn stacked, which
+        // would add live bytes to held bytes.
         for (ns, used, acquired) in samples {
-            let out = w.next()?;
-            write!(
-                out,
-                "{{\"ph\":\"C\",\"name\":\"pool\",\"pid\":{},\"ts\":{},\"args\":{{\"used_bytes\":{used},\"acquired_bytes\":{acquired}}}}}",
-                self.pid,
-                Micros(self.offset_ns.saturating_add(ns)),
-            )?;
-            w.summary.counters += 1;
+            let ts = self.offset_ns.saturating_add(ns);
+            self.counter(w, USED_TRACK, ts, used)?;
+            self.counter(w, HELD_TRACK, ts, acquired)?;
+        }
+        self.cpu_counter(w)
+    }
+
+    fn counter(&self, w: &mut ChromeWriter<'_>, name: &str, ns: u64, bytes: i64) -> io::Result<()> {
+        let out = w.next()?;
+        write!(
+            out,
+            "{{\"ph\":\"C\",\"name\":\"{name}\",\"pid\":{},\"ts\":{},\"args\":{{\"bytes\":{bytes}}}}}",
+            self.pid,
+            Micros(ns),
+        )?;
+        w.summary.counters += 1;
+        Ok(())
+    }
+
+    /// The CPU memory the recorder sampled (its samples and the readings at epoch edges), on a
+    /// track of its own; none when the trace has no CPU source.
+    fn cpu_counter(&self, w: &mut ChromeWriter<'_>) -> io::Result<()> {
+        let trace = self.trace;
+        if trace.header.cpu_source == fb::CpuSource::None {
+            return Ok(());
+        }
+        let mut samples: Vec<(u64, u64)> = trace
+            .chunks
+            .iter()
+            .filter(|c| c.kind == ChunkKind::Mark)
+            .flat_map(|c| trace.mark_events(c).iter())
+            .map(|m| (trace.ns_since_start(m.ticks()), m.a()))
+            .collect();
+        samples.sort_unstable();
+        for (ns, bytes) in samples {
+            let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+            self.counter(w, CPU_TRACK, self.offset_ns.saturating_add(ns), bytes)?;
         }
         Ok(())
     }
