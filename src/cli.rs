@@ -86,8 +86,11 @@ enum Command {
         #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u32).range(1..))]
         steps_per_epoch: u32,
         /// Validation batches after each epoch.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 4)]
         eval_batches: u32,
+        /// Samples per validation batch.
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_048_576))]
+        eval_batch: u32,
     },
     /// Header, duration, events by kind, threads, devices, dropped events and torn chunks.
     ///
@@ -378,6 +381,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             batch,
             steps_per_epoch,
             eval_batches,
+            eval_batch,
         } => {
             let opts = DemoOptions {
                 out: path,
@@ -387,6 +391,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 batch: batch as usize,
                 steps_per_epoch,
                 eval_batches,
+                eval_batch: eval_batch as usize,
                 ..DemoOptions::default()
             };
             let started = std::time::Instant::now();
