@@ -55,14 +55,17 @@ pub fn render_summary(s: &Summary) -> String {
     } else {
         String::new()
     };
+    // Live bytes at the peak first: that is what fills a device. The tables below count
+    // cumulative bytes, which a reader could mistake for it, so the headline says so.
     format!(
-        "{} events over {}; pool peak used {}, peak acquired {}; {} allocations ({} from the device){ooms}\n",
-        s.events,
-        seconds(s.duration_ns),
+        "peak live {} (the pool held at most {} from the device); {} allocations ({} from the device){ooms}; {} events over {}\n\
+         functions and lines below count cumulative bytes: every allocation request, frees not subtracted\n",
         humanized(s.peak_used_bytes),
         humanized(s.peak_acquired_bytes),
         s.total_allocations,
         s.device_allocations,
+        s.events,
+        seconds(s.duration_ns),
     )
 }
 
