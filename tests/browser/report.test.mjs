@@ -119,7 +119,7 @@ test("clicking the peak instant shows the live-at-peak stacks with their bytes",
   // Largest first.
   assert.equal(rows[0][1], "6.00MB");
   const flame = await page.$$eval("#live-flame .frame", (ds) => ds.map((d) => d.dataset.name));
-  assert.ok(flame.includes("Inner (tests/scenarios/mod.rs:81)"), flame.join(", "));
+  assert.ok(flame.some((n) => /^Inner \(tests\/scenarios\/mod\.rs:\d+\)$/.test(n)), flame.join(", "));
   assert.deepEqual(errors, []);
   await page.close();
 });
