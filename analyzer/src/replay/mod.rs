@@ -16,8 +16,10 @@
 //! them (see [`Trace::release_pages`]), so a trace far larger than RAM replays in a few MB.
 //!
 //! Bytes: a malloc's `mem_size` is its requested size rounded up to the device's allocation
-//! unit, as the pool rounds it. Failed mallocs and device allocations (pointer 0) count
-//! nowhere: nothing was used or acquired.
+//! unit, as the pool rounds it. In the per-stack figures (the `functions` and `lines` reports)
+//! every malloc request and every device-allocation attempt counts, failed ones (pointer 0)
+//! included, as the seeds count them at their pre hooks; the pool's figures over time (used and
+//! acquired bytes, peaks, epochs) count only what succeeded.
 
 mod ordered;
 mod profile;

@@ -48,11 +48,11 @@ impl Frame {
 /// converts them for the tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agg {
-    /// Successful pool mallocs whose stack is exactly this context.
+    /// Pool malloc requests whose stack is exactly this context (failed ones included).
     pub mallocs: u64,
     /// Their `mem_size` sum.
     pub used_bytes: u64,
-    /// Device allocations (pool misses) attributed to this context.
+    /// Device-allocation attempts (pool misses, failed ones and retries included) here.
     pub allocs: u64,
     pub acquired_bytes: u64,
     /// Closed scopes whose innermost frame is this node.

@@ -111,7 +111,11 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
         let ticks = base.wrapping_add(e.ts() as u64);
         last_ticks = ticks;
         match kind {
-            fb::MemKind::MallocPost if e.ptr() != 0 => {
+            // Every request and every device-allocation attempt counts, failed ones (ptr 0)
+            // included, as CuPy's LineProfileHook and Chainer's CupyMemoryProfileHook count
+            // them in their pre hooks; a zero-byte malloc (ptr 0 too in CuPy) is a node with
+            // 0 bytes. The pool's own figures (ordered.rs) count successes only.
+            fb::MemKind::MallocPost => {
                 let a = acc.slot(e.stack());
                 a.mallocs += 1;
                 a.used_bytes = a
@@ -119,7 +123,7 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
                     .saturating_add(units.mem_size(e.device(), e.bytes()));
                 a.first_mem = a.first_mem.min((0, ticks));
             }
-            fb::MemKind::AllocPost if e.ptr() != 0 => {
+            fb::MemKind::AllocPost => {
                 let a = acc.slot(e.stack());
                 a.allocs += 1;
                 a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
