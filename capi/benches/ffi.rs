@@ -32,7 +32,10 @@ fn median_ns(mut f: impl FnMut(u64)) -> f64 {
 }
 
 fn trace(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("poolsight-ffi-bench-{name}-{}.pstrace", std::process::id()))
+    std::env::temp_dir().join(format!(
+        "poolsight-ffi-bench-{name}-{}.pstrace",
+        std::process::id()
+    ))
 }
 
 fn main() {
