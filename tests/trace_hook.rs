@@ -234,3 +234,43 @@ fn a_global_hook_records_other_threads_with_their_own_stacks() {
     assert_eq!(t.names(mallocs[0].stack()), ["worker", "worker"]);
     assert_eq!(t.mem_of(MemKind::FreePost).len(), 1);
 }
+
+#[test]
+fn failed_requests_and_attempts_count_in_functions_and_lines_but_not_in_the_pool() {
+    use poolsight::analyzer::{functions, lines, replay, ReplayOptions};
+    let _g = global_lock();
+    // The device, not a limit, refuses: attempts then reach the device and fail there.
+    let (rec, pool) = setup("hook-oom-counts", 4096);
+    let path = rec.path();
+    {
+        let h = rec.handle();
+        let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+        let _f = h.function("Grow", Phase::Forward);
+        let held = pool.malloc(3000).expect("malloc");
+        assert!(pool.malloc(2000).is_err(), "the device is full");
+        drop(held);
+    }
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let attempts = t.mem_of(MemKind::AllocPost).len() as u64;
+    assert!(
+        attempts >= 2,
+        "the first allocation and at least one failed attempt"
+    );
+    let trace = poolsight::analyzer::Trace::open(&path).expect("trace opens");
+    let p = replay(&trace, 0, &ReplayOptions::default());
+    let f = functions::functions(&p);
+    assert_eq!(f.functions.len(), 1);
+    // CuPy's and Chainer's hooks count at malloc_preprocess and alloc_preprocess: the
+    // failed request (2048 rounded) and every failed device-allocation attempt count.
+    assert_eq!(f.functions[0].used_bytes, 3072 + 2048);
+    assert_eq!(f.functions[0].acquired_bytes, 3072 + (attempts - 1) * 2048);
+    let l = lines::lines(&p, 0);
+    assert_eq!(l.root.used_bytes, 3072 + 2048);
+    assert_eq!(l.root.acquired_bytes, 3072 + (attempts - 1) * 2048);
+    let pool_figures = &p.sources[0].pool;
+    assert_eq!(
+        pool_figures.peak_used_bytes, 3072,
+        "the pool never held the failed request"
+    );
+}

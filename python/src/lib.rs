@@ -14,6 +14,8 @@ use rustc_hash::FxHashMap;
 use poolsight_capi::{Session, SessionError, SessionPool};
 use poolsight_recorder::{MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
 
+mod cupy_alloc;
+mod cupy_hook;
 mod stacks;
 mod torch_alloc;
 
@@ -492,6 +494,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Pool>()?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     torch_alloc::register(m)?;
+    cupy_hook::register(m)?;
+    cupy_alloc::register(m)?;
     Ok(())
 }
 

@@ -1,0 +1,127 @@
+"""Chainer integration: hooks that open poolsight scopes where Chainer's own hooks measure.
+
+- :class:`FunctionHook` (a ``chainer.FunctionHook``): every function call, forward and
+  backward, is a function scope named as Chainer's ``TimerHook`` and ``CupyMemoryProfileHook``
+  name it (``LinearFunction``, ``ReLU``), with its phase.
+- :class:`LinkHook` (a ``chainer.LinkHook``): every link's forward call is a link scope named
+  by the link's class (``Linear``, ``Classifier``), as Chainer's link ``TimerHook`` names it.
+
+    import poolsight, poolsight.chainer
+
+    with poolsight.record("run.pstrace") as rec:
+        with poolsight.chainer.FunctionHook(rec), poolsight.chainer.LinkHook(rec):
+            trainer.run()
+
+Then ``poolsight timers`` prints both of Chainer's ``TimerHook`` tables and, with CuPy memory
+recorded (``poolsight.cupy.TraceHook``), ``poolsight functions`` prints
+``CupyMemoryProfileHook``'s table.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import chainer
+
+from . import PoolsightError, Recording, active
+
+__all__ = ["FunctionHook", "LinkHook"]
+
+_KIND_FUNCTION, _KIND_LINK = 1, 2
+_FORWARD, _BACKWARD = 1, 2
+
+
+def _recording(rec: Recording | None) -> Recording:
+    rec = rec if rec is not None else active()
+    if rec is None:
+        raise PoolsightError(
+            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
+        )
+    if rec.closed:
+        raise PoolsightError(f"the recording of {rec.path} is finished")
+    return rec
+
+
+class _Open(threading.local):
+    """The scopes a hook opened on this thread, innermost last: (id of the function or link,
+    token)."""
+
+    def __init__(self) -> None:
+        self.scopes: list = []
+
+    def close(self, native, key: int) -> None:
+        # Normally the innermost. A call that raised never got its post hook: its scope is
+        # still open inside this one, and closes with it (the recorder closes inner scopes
+        # with an outer one).
+        scopes = self.scopes
+        for i in range(len(scopes) - 1, -1, -1):
+            if scopes[i][0] == key:
+                token = scopes[i][1]
+                del scopes[i:]
+                native.exit(token)
+                return
+
+
+class FunctionHook(chainer.FunctionHook):
+    """``with FunctionHook(rec):`` records every Chainer function call as a function scope:
+    forward calls with phase forward, backward calls with phase backward, named by the
+    function's implementation class (``function._impl_name``, what Chainer's ``TimerHook`` and
+    ``CupyMemoryProfileHook`` print). Scopes nest as the calls do; a call that raises leaves no
+    row, as in Chainer's hooks. Register it on one function with ``function.add_hook`` as any
+    Chainer function hook."""
+
+    name = "PoolsightFunctionHook"
+
+    def __init__(self, recorder: Recording | None = None):
+        rec = _recording(recorder)
+        self.recording = rec
+        self._native = rec._native
+        self._open = _Open()
+
+    def _enter(self, function, phase: int) -> None:
+        token = self._native.enter(_KIND_FUNCTION, function._impl_name, phase, "", 0)
+        self._open.scopes.append((id(function), token))
+
+    def forward_preprocess(self, function, in_data):
+        self._enter(function, _FORWARD)
+
+    def forward_postprocess(self, function, in_data):
+        self._open.close(self._native, id(function))
+
+    def backward_preprocess(self, function, in_data, out_grad):
+        self._enter(function, _BACKWARD)
+
+    def backward_postprocess(self, function, in_data, out_grad):
+        self._open.close(self._native, id(function))
+
+
+class LinkHook(chainer.LinkHook):
+    """``with LinkHook(rec):`` records every link's forward call as a link scope named by the
+    link's class name, as Chainer's link ``TimerHook`` names it (``Linear``, ``MLP``,
+    ``Classifier``). Register it on one link with ``link.add_hook`` as any Chainer link hook."""
+
+    name = "PoolsightLinkHook"
+
+    def __init__(self, recorder: Recording | None = None):
+        rec = _recording(recorder)
+        self.recording = rec
+        self._native = rec._native
+        self._open = _Open()
+        self._sites: dict[type, tuple[str, int]] = {}
+
+    def _site(self, cls: type) -> tuple[str, int]:
+        site = self._sites.get(cls)
+        if site is None:
+            code = getattr(getattr(cls, "forward", None), "__code__", None)
+            site = (code.co_filename, code.co_firstlineno) if code else ("", 0)
+            self._sites[cls] = site
+        return site
+
+    def forward_preprocess(self, args):
+        cls = type(args.link)
+        file, line = self._site(cls)
+        token = self._native.enter(_KIND_LINK, cls.__name__, 0, file, line)
+        self._open.scopes.append((id(args.link), token))
+
+    def forward_postprocess(self, args):
+        self._open.close(self._native, id(args.link))
