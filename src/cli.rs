@@ -151,6 +151,10 @@ enum Command {
     Report {
         #[command(flatten)]
         input: Input,
+        /// With --format csv: which table to write (a CSV file holds one table): summary,
+        /// functions, lines, timers or epochs. Each command's own --format csv gives the same.
+        #[arg(long, value_parser = parse_section)]
+        table: Option<report::Section>,
     },
     /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
     ///
@@ -296,6 +300,21 @@ fn one_line(e: &anyhow::Error) -> String {
     msg.replace('\n', " ")
 }
 
+fn section_names() -> String {
+    report::Section::ALL
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+fn parse_section(s: &str) -> Result<report::Section, String> {
+    report::Section::ALL
+        .into_iter()
+        .find(|t| t.name() == s)
+        .ok_or_else(|| format!("unknown table {s:?}: expected {}", section_names()))
+}
+
 fn parse_device(s: &str) -> Result<DemoDevice, String> {
     s.parse().map_err(|e: demo::DemoError| e.to_string())
 }
@@ -349,6 +368,20 @@ fn emit<T: serde::Serialize>(
                 serde_json::to_string_pretty(&list)?
             };
             writeln!(out, "{json}")?;
+        }
+        Format::Csv if views.iter().any(|(name, _)| !name.is_empty()) => {
+            // One table for every rank: a leading `trace` column says whose row it is.
+            for (i, (name, v)) in views.iter().enumerate() {
+                let text = csv(v);
+                let (header, rows) = text.split_once('\n').unwrap_or((&text, ""));
+                if i == 0 {
+                    writeln!(out, "trace,{header}")?;
+                }
+                let cell = csv_cell(name);
+                for record in csv_records(rows) {
+                    writeln!(out, "{cell},{record}")?;
+                }
+            }
         }
         Format::Table | Format::Csv => {
             for (i, (name, v)) in views.iter().enumerate() {
@@ -598,7 +631,18 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             sink.finish()?;
         }
-        Command::Report { input } => {
+        Command::Report { input, table } => {
+            let section = match (input.format, table) {
+                (Format::Csv, Some(t)) => t,
+                (Format::Csv, None) => anyhow::bail!(
+                    "report --format csv writes one table: choose it with --table {}",
+                    section_names()
+                ),
+                (_, Some(_)) => {
+                    anyhow::bail!("--table chooses a CSV table: use it with --format csv")
+                }
+                (_, None) => report::Section::Summary,
+            };
             let opts = ReportOptions::default();
             let v = computed(&input, |p| report::compute(p, &opts))?;
             emit(
@@ -606,7 +650,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 input.format,
                 &v,
                 |r| report::render_table(r, &opts),
-                report::render_csv,
+                |r| report::render_csv(r, section),
             )?;
         }
     }
@@ -624,6 +668,35 @@ fn write_html(traces: &[PathBuf], output: &Path, title: &str) -> anyhow::Result<
     )?;
     let page = html::report_page(title, &loaded.traces, &loaded.profiles);
     term::write_file(output, page.as_bytes())
+}
+
+/// A CSV cell: quoted when it holds a comma, a quote or a line break.
+fn csv_cell(text: &str) -> String {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text.to_string()
+    }
+}
+
+/// The records of CSV text (without its header), each possibly spanning lines inside quotes.
+fn csv_records(text: &str) -> Vec<&str> {
+    let mut records = Vec::new();
+    let (mut start, mut quoted) = (0, false);
+    for (i, b) in text.bytes().enumerate() {
+        match b {
+            b'"' => quoted = !quoted,
+            b'\n' if !quoted => {
+                records.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if start < text.len() {
+        records.push(&text[start..]);
+    }
+    records
 }
 
 /// Loads the input and computes one report per view.

@@ -694,7 +694,9 @@ mod fuzz {
         let p = poolsight::analyzer::replay(t, 0, &opts);
         let r = report::compute(&p, &report::ReportOptions::default());
         let _ = report::render_table(&r, &report::ReportOptions::default());
-        let _ = report::render_csv(&r);
+        for section in report::Section::ALL {
+            let _ = report::render_csv(&r, section);
+        }
         for m in flamegraph::Metric::ALL {
             let _ = flamegraph::flamegraph_svg(&p, m, "fuzz");
         }

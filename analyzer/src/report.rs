@@ -120,12 +120,71 @@ pub fn render_table(r: &Report, opts: &ReportOptions) -> String {
 }
 
 /// CSV of every section, one after another, each headed by a `# section` line.
-pub fn render_csv(r: &Report) -> String {
-    format!(
-        "# functions\n{}\n# lines\n{}\n# timers\n{}\n# epochs\n{}",
-        functions::render_csv(&r.functions),
-        lines::render_csv(&r.lines),
-        timers::render_csv(&r.timers),
-        epochs::render_csv(&r.epochs)
-    )
+/// The sections of a report, each one CSV table (a CSV file holds one table, so that pandas,
+/// DuckDB or a spreadsheet load it as it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Summary,
+    Functions,
+    Lines,
+    Timers,
+    Epochs,
+}
+
+impl Section {
+    pub const ALL: [Section; 5] = [
+        Section::Summary,
+        Section::Functions,
+        Section::Lines,
+        Section::Timers,
+        Section::Epochs,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Section::Summary => "summary",
+            Section::Functions => "functions",
+            Section::Lines => "lines",
+            Section::Timers => "timers",
+            Section::Epochs => "epochs",
+        }
+    }
+}
+
+/// The headline figures as one CSV row (the trace paths joined by `;`).
+#[derive(Debug, Default, Serialize)]
+struct SummaryRow {
+    traces: String,
+    events: u64,
+    duration_ns: u64,
+    peak_used_bytes: u64,
+    peak_acquired_bytes: u64,
+    total_allocations: u64,
+    device_allocations: u64,
+    out_of_memory: u64,
+    warnings: u64,
+}
+
+/// One section of the report as a CSV table.
+pub fn render_csv(r: &Report, section: Section) -> String {
+    match section {
+        Section::Summary => {
+            let s = &r.summary;
+            crate::csv::to_csv(&[SummaryRow {
+                traces: s.traces.join(";"),
+                events: s.events,
+                duration_ns: s.duration_ns,
+                peak_used_bytes: s.peak_used_bytes,
+                peak_acquired_bytes: s.peak_acquired_bytes,
+                total_allocations: s.total_allocations,
+                device_allocations: s.device_allocations,
+                out_of_memory: s.out_of_memory,
+                warnings: s.warnings.len() as u64,
+            }])
+        }
+        Section::Functions => functions::render_csv(&r.functions),
+        Section::Lines => lines::render_csv(&r.lines),
+        Section::Timers => timers::render_csv(&r.timers),
+        Section::Epochs => epochs::render_csv(&r.epochs),
+    }
 }
