@@ -26,7 +26,7 @@ const COMMANDS: &[&[&str]] = &[
     &["lines", "--max-depth", "3"],
     &["timers"],
     &["epochs", "--format", "json"],
-    &["report", "--format", "csv"],
+    &["report", "--format", "csv", "--table", "functions"],
     &["flamegraph", "-o", "OUT", "--metric", "peak"],
     &["flamegraph", "-o", "OUT", "--metric", "time"],
     &["timeline", "-o", "OUT"],
