@@ -98,8 +98,13 @@ test("clicking the peak instant shows the live-at-peak stacks with their bytes",
     return t.bandCenter(i, 0);
   });
   const early = await page.evaluate(() => {
+    // The widest-lasting point below the peak, so the click cannot land on a neighbour.
     const t = window.poolsight.timelines()[0], run = t.runs[0];
-    const i = run.used.findIndex((u) => u < run.peak_used_bytes);
+    let i = -1;
+    const span = (k) => (k + 1 < run.t.length ? run.t[k + 1] - run.t[k] : 0);
+    run.used.forEach((u, k) => {
+      if (u < run.peak_used_bytes && (i < 0 || span(k) > span(i))) i = k;
+    });
     return t.bandCenter(i, 0).x;
   });
   const box = await page.locator("canvas.timeline").first().boundingBox();
