@@ -138,7 +138,7 @@ def test_mapping_sink_pre_events_and_pool_figures(tmp_path):
     }
     assert info["devices"][0]["allocation_unit"] == 512
     report = _cli("report", str(path))
-    assert "peak used 3.00KB" in report
+    assert "peak live 3.00KB" in report
 
 
 def test_mapping_sink_functions_report_under_scopes(tmp_path):
