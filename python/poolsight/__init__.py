@@ -93,19 +93,19 @@ class Scope:
         self._guard.__exit__(*exc)
 
     def __call__(self, fn: Callable) -> Callable:
-        native = self._rec._native
-        kind, name, phase = self._kind, self._name, self._phase
         code = getattr(fn, "__code__", None)
         file = code.co_filename if code else self._file
         line = code.co_firstlineno if code else self._line
+        guard = self._rec._native.scope(self._kind, self._name, self._phase, file, line)
+        enter, exit_ = guard.enter, guard.exit
 
         @functools.wraps(fn)
         def scoped(*args: Any, **kwargs: Any) -> Any:
-            token = native.enter(kind, name, phase, file, line)
+            token = enter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                native.exit(token)
+                exit_(token)
 
         return scoped
 

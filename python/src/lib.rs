@@ -212,13 +212,11 @@ impl Recorder {
         file: String,
         line: u32,
     ) -> PyResult<ScopeGuard> {
-        kind_of(kind)?;
-        phase_of(phase)?;
         Ok(ScopeGuard {
             recorder: slf.unbind(),
-            kind,
+            kind: kind_of(kind)?,
             name,
-            phase,
+            phase: phase_of(phase)?,
             file,
             line,
             tokens: Mutex::new(Vec::new()),
@@ -302,40 +300,71 @@ fn mem_kind(kind: u8) -> PyResult<MemKind> {
     })
 }
 
-/// ``with recorder.scope(...)``: one scope per ``with``, nesting and re-entrant.
+/// ``with recorder.scope(...)``: one scope per ``with``, nesting, re-entrant and usable from
+/// several threads at once (each thread closes its own). ``enter()``/``exit(token)`` are the
+/// same scope for decorators, without re-reading its name on every call.
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct ScopeGuard {
     recorder: Py<Recorder>,
-    kind: u32,
+    kind: ScopeKind,
     name: String,
-    phase: u32,
+    phase: Phase,
     file: String,
     line: u32,
-    tokens: Mutex<Vec<Token>>,
+    /// Tokens of the `with` blocks open on this object, with the thread that opened each.
+    tokens: Mutex<Vec<(std::thread::ThreadId, ScopeToken)>>,
+}
+
+impl ScopeGuard {
+    fn open(&self) -> PyResult<ScopeToken> {
+        self.recorder
+            .get()
+            .session
+            .enter(self.kind, &self.name, self.phase, &self.file, self.line)
+            .map_err(err)
+    }
+
+    fn close(&self, token: ScopeToken) -> PyResult<()> {
+        self.recorder.get().session.exit(token).map_err(err)
+    }
 }
 
 #[pymethods]
 impl ScopeGuard {
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let g = slf.get();
-        let token = g
-            .recorder
-            .get()
-            .enter(g.kind, &g.name, g.phase, &g.file, g.line)?;
+        let token = g.open()?;
         g.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(token);
+            .push((std::thread::current().id(), token));
         Ok(slf)
     }
 
     #[pyo3(signature = (*_exc))]
     fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        let token = self.tokens.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let me = std::thread::current().id();
+        let token = {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            tokens
+                .iter()
+                .rposition(|(t, _)| *t == me)
+                .map(|i| tokens.remove(i).1)
+        };
         if let Some(token) = token {
-            self.recorder.get().exit(&token)?;
+            self.close(token)?;
         }
         Ok(false)
+    }
+
+    /// Opens one scope on this thread; returns its token for ``exit``.
+    fn enter(&self) -> PyResult<Token> {
+        Ok(Token(self.open()?))
+    }
+
+    /// Closes the scope of ``token``.
+    fn exit(&self, token: &Token) -> PyResult<()> {
+        self.close(token.0)
     }
 }
 

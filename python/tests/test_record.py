@@ -246,3 +246,29 @@ def test_main_runs_the_cli_in_process(trace, capfd):
             pass
     assert poolsight.main(["info", str(trace)]) == 0
     assert "finished" in capfd.readouterr().out
+
+
+def test_one_scope_object_serves_several_threads_at_once(trace):
+    import threading
+
+    errors = []
+    with poolsight.record(trace) as rec:
+        shared = rec.function("Shared")
+        barrier = threading.Barrier(4)
+
+        def worker():
+            try:
+                for _ in range(50):
+                    with shared:
+                        barrier.wait(timeout=10)  # all four inside the same object at once
+            except Exception as e:  # noqa: BLE001 - collected for the assertion below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    rows = report_json("functions", trace)["functions"]
+    assert [(r["name"], r["occurrence"]) for r in rows] == [("Shared", 200)]
