@@ -1,5 +1,5 @@
 //! The analyzer's target figures on a multi-GB trace: `report` throughput (>= 50 M events/s, and
-//! <= 3x the time to merely read the file) and peak memory (<= 0.25x the trace size).
+//! <= 1.5x the time to merely read the file) and peak memory (<= 0.25x the trace size).
 //!
 //! ```text
 //! cargo bench --bench analyze                          # 100 M events (~3 GB trace)
@@ -24,9 +24,11 @@
 //!    file next to the trace (`.ok`) records events and size, so a later run reuses it.
 //! 2. **Read.** Every byte of the file through `std::fs::File::read` into a 4 MiB buffer, twice:
 //!    the first warms the page cache, the second is the reference (both are printed).
-//! 3. **Analyze**, in a child process (this binary re-executed with `--child-analyze PATH`) so
-//!    that the peak RSS (`wait4`'s `ru_maxrss`) is the analyzer's alone: `Trace::open`
-//!    (verification), `replay`, then the reports, each timed.
+//! 3. **Analyze**, in a child process (this binary re-executed with `--child-analyze PATH`):
+//!    `Trace::open` (verification), `replay`, then the reports, each timed. The peak RSS is the
+//!    child's own `VmHWM` (`/proc/self/status`), read when it is done: `wait4`'s `ru_maxrss` is
+//!    not, because Linux carries the parent's high-water mark into the child through fork and
+//!    exec, so a run that generated a multi-GB trace first reported the generator's peak.
 //!
 //! Figures are printed next to their targets; nothing is asserted on timing.
 
@@ -54,7 +56,7 @@ const ALLOCATION_UNIT: u64 = 512;
 const READ_BUFFER: usize = 4 << 20;
 
 const TARGET_EVENTS_PER_S: f64 = 50e6;
-const TARGET_READ_RATIO: f64 = 3.0;
+const TARGET_READ_RATIO: f64 = 1.5;
 const TARGET_RSS_RATIO: f64 = 0.25;
 const TARGET_BYTES_PER_EVENT: f64 = 32.0;
 
@@ -689,15 +691,23 @@ fn child_analyze(path: &Path) -> Res<()> {
     println!("memory after open: {after_open}");
     println!("memory after replay: {after_replay}");
     println!(
-        "CHILD open_s={} replay_s={} report_s={} events={} chunks={} warnings={}",
+        "CHILD open_s={} replay_s={} report_s={} events={} chunks={} warnings={} hwm_kib={}",
         (t1 - t0).as_secs_f64(),
         (t2 - t1).as_secs_f64(),
         report_s.map_or(-1.0, |s| s),
         events,
         trace.chunks.len(),
-        trace.warnings.len()
+        trace.warnings.len(),
+        status_kib("VmHWM:").ok_or("no VmHWM in /proc/self/status")?
     );
     Ok(())
+}
+
+/// One `kB` field of `/proc/self/status`.
+fn status_kib(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
 }
 
 /// This process's resident memory now and its high-water mark, from `/proc/self/status`.
@@ -738,7 +748,7 @@ fn analyze_in_child(path: &Path) -> Res<Analysis> {
             }
         }
     }
-    let (status, max_rss_kib, cpu_s) = wait_with_rusage(child.id())?;
+    let (status, cpu_s) = wait_with_rusage(child.id())?;
     if status != 0 {
         return Err(format!("the analyze child failed (wait status {status})"));
     }
@@ -756,13 +766,13 @@ fn analyze_in_child(path: &Path) -> Res<Analysis> {
         events: field("events")? as u64,
         chunks: field("chunks")? as u64,
         warnings: field("warnings")? as u64,
-        max_rss_kib,
+        max_rss_kib: field("hwm_kib")? as u64,
         cpu_s,
     })
 }
 
-/// Reaps `pid`: (wait status, peak RSS in KiB, user + system CPU seconds).
-fn wait_with_rusage(pid: u32) -> Res<(i32, u64, f64)> {
+/// Reaps `pid`: (wait status, user + system CPU seconds).
+fn wait_with_rusage(pid: u32) -> Res<(i32, f64)> {
     let mut status = 0;
     // SAFETY: rusage is plain data; zeroed is a valid value for it.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -780,7 +790,7 @@ fn wait_with_rusage(pid: u32) -> Res<(i32, u64, f64)> {
     }
     let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let cpu = secs(usage.ru_utime) + secs(usage.ru_stime);
-    Ok((status, usage.ru_maxrss.max(0) as u64, cpu))
+    Ok((status, cpu))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -861,7 +871,7 @@ fn print_figures(file_bytes: u64, read_s: f64, a: &Analysis, max_rss_kib: u64) {
     row(
         "analyze / read",
         format!("{ratio:.2}x"),
-        "<= 3x",
+        "<= 1.5x",
         Some(ratio <= TARGET_READ_RATIO),
     );
     row(
