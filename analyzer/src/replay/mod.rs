@@ -107,8 +107,13 @@ pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
         duration_ns: trace.ns_since_start(end_ticks),
         sealed: trace.footer.is_some(),
         dropped_events: trace.footer.map_or(0, |f| f.dropped_events),
-        torn_chunks: trace.torn_chunks(),
-        warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+        torn_chunks: trace.torn_chunks() + trace.decode_failures().len(),
+        warnings: trace
+            .warnings
+            .iter()
+            .chain(&trace.decode_failures())
+            .map(|w| w.to_string())
+            .collect(),
         pool: timeline.pool(trace),
         epochs: timeline.epochs(trace, end_ticks),
         series: timeline.series(trace),

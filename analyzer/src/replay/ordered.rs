@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 
 use super::profile::{signed, EpochFigures, PoolFigures, Series};
 use super::Units;
-use crate::reader::{ChunkInfo, ChunkKind, Trace, WINDOW};
+use crate::reader::{ChunkInfo, ChunkKind, Events, Trace, WINDOW};
 
 /// State of the time-ordered pass.
 pub(super) struct Timeline {
@@ -382,7 +382,7 @@ impl Downsampler {
 struct Stream<'a> {
     chunks: Vec<&'a ChunkInfo>,
     next_chunk: usize,
-    events: &'a [fb::MemEvent],
+    events: Events<'a, fb::MemEvent>,
     at: usize,
     base: u64,
     /// File offset of the chunk being read (`u64::MAX` once done), for page release.
@@ -412,7 +412,7 @@ impl<'a> Stream<'a> {
             }
             let Some(&c) = self.chunks.get(self.next_chunk) else {
                 self.position = u64::MAX;
-                self.events = &[];
+                self.events = Events::default();
                 self.next_chunk = self.chunks.len() + 1;
                 return None;
             };
@@ -443,7 +443,7 @@ pub(super) fn in_time_order(
     let units = Units::of(trace);
     let track = !stops.is_empty();
     let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
-    let mut marks: Vec<&fb::MarkEvent> = trace
+    let mut marks: Vec<fb::MarkEvent> = trace
         .chunks
         .iter()
         .filter(|c| c.kind == ChunkKind::Mark)
@@ -464,7 +464,7 @@ pub(super) fn in_time_order(
         .map(|(_, chunks)| Stream {
             chunks,
             next_chunk: 0,
-            events: &[],
+            events: Events::default(),
             at: 0,
             base: 0,
             position: 0,
@@ -492,7 +492,7 @@ pub(super) fn in_time_order(
         }
         let Some((t, i)) = first else { break };
         while next_mark < marks.len() && marks[next_mark].ticks() < t {
-            tl.mark(marks[next_mark]);
+            tl.mark(&marks[next_mark]);
             next_mark += 1;
         }
         let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));

@@ -101,7 +101,7 @@ fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
     let mut base = c.base_ticks;
     let mut events = 0u64;
     let mut last_ticks = 0;
-    for e in trace.mem_events(c) {
+    for e in trace.mem_events(c).iter() {
         let kind = e.kind();
         if kind == fb::MemKind::Rebase {
             base = e.ptr();
