@@ -222,53 +222,53 @@ impl<'a> Decoder<'a> {
         Ok(col)
     }
 
-    /// One varint column of `n` values of at most `bits` bits.
-    fn varints(&mut self, n: usize, bits: u32, mut sink: impl FnMut(usize, u64)) -> Result<(), DecodeError> {
+    /// One varint column of values of at most `bits` bits, one per element of `out`.
+    #[inline]
+    fn varints<T>(
+        &mut self,
+        out: &mut [T],
+        bits: u32,
+        mut set: impl FnMut(&mut T, u64),
+    ) -> Result<(), DecodeError> {
         let buf = self.buf;
         let mut at = self.at;
-        for i in 0..n {
-            let mut v = 0u64;
-            let mut shift = 0u32;
-            loop {
-                let Some(&b) = buf.get(at) else {
-                    return Err(DecodeError::Short {
+        for (i, slot) in out.iter_mut().enumerate() {
+            // Most values of a delta or id column fit one byte.
+            let v = match buf.get(at) {
+                Some(&b) if b < 0x80 => {
+                    at += 1;
+                    b as u64
+                }
+                _ => read_long(buf, &mut at, bits).map_err(|short| match short {
+                    true => DecodeError::Short {
                         column: self.column,
                         event: i,
-                    });
-                };
-                at += 1;
-                let payload = (b & 0x7f) as u64;
-                if shift >= bits || (bits - shift < 7 && payload >> (bits - shift) != 0) {
-                    return Err(DecodeError::Varint {
+                    },
+                    false => DecodeError::Varint {
                         column: self.column,
-                    });
-                }
-                v |= payload << shift;
-                if b < 0x80 {
-                    break;
-                }
-                shift += 7;
-            }
-            sink(i, v);
+                    },
+                })?,
+            };
+            set(slot, v);
         }
         self.at = at;
         self.column += 1;
         Ok(())
     }
 
-    fn delta32(&mut self, n: usize, mut sink: impl FnMut(usize, u32)) -> Result<(), DecodeError> {
+    fn delta32<T>(&mut self, out: &mut [T], mut set: impl FnMut(&mut T, u32)) -> Result<(), DecodeError> {
         let mut prev = 0u32;
-        self.varints(n, 32, |i, z| {
+        self.varints(out, 32, |e, z| {
             prev = prev.wrapping_add(unzigzag(z) as u32);
-            sink(i, prev);
+            set(e, prev);
         })
     }
 
-    fn delta64(&mut self, n: usize, mut sink: impl FnMut(usize, u64)) -> Result<(), DecodeError> {
+    fn delta64<T>(&mut self, out: &mut [T], mut set: impl FnMut(&mut T, u64)) -> Result<(), DecodeError> {
         let mut prev = 0u64;
-        self.varints(n, 64, |i, z| {
+        self.varints(out, 64, |e, z| {
             prev = prev.wrapping_add(unzigzag(z) as u64);
-            sink(i, prev);
+            set(e, prev);
         })
     }
 
@@ -277,6 +277,56 @@ impl<'a> Decoder<'a> {
             0 => Ok(()),
             n => Err(DecodeError::Trailing(n)),
         }
+    }
+}
+
+/// Most bytes of a varint of at most `bits` bits.
+const fn max_len(bits: u32) -> usize {
+    bits.div_ceil(7) as usize
+}
+
+/// A varint of more than one byte at `*at`; `Err(true)` when the column ends inside it,
+/// `Err(false)` when it is longer than `bits` allow.
+#[inline]
+fn read_long(buf: &[u8], at: &mut usize, bits: u32) -> Result<u64, bool> {
+    let limit = max_len(bits);
+    let Some(bytes) = buf.get(*at..*at + limit) else {
+        return read_near_end(buf, at, bits);
+    };
+    let mut v = 0u64;
+    for (k, &b) in bytes.iter().enumerate() {
+        let payload = (b & 0x7f) as u64;
+        v |= payload << (7 * k);
+        if b < 0x80 {
+            if (7 * k as u32 + 7 > bits && payload >> (bits - 7 * k as u32) != 0)
+                || (bits < 64 && v >> bits != 0)
+            {
+                return Err(false);
+            }
+            *at += k + 1;
+            return Ok(v);
+        }
+    }
+    Err(false)
+}
+
+/// [`read_long`] within the last bytes of a column, one byte at a time.
+#[cold]
+fn read_near_end(buf: &[u8], at: &mut usize, bits: u32) -> Result<u64, bool> {
+    let mut v = 0u64;
+    let mut shift = 0u32;
+    loop {
+        let &b = buf.get(*at).ok_or(true)?;
+        *at += 1;
+        let payload = (b & 0x7f) as u64;
+        if shift >= bits || (bits - shift < 7 && payload >> (bits - shift) != 0) {
+            return Err(false);
+        }
+        v |= payload << shift;
+        if b < 0x80 {
+            return Ok(v);
+        }
+        shift += 7;
     }
 }
 
@@ -297,18 +347,18 @@ pub fn decode_mem(encoded: &[u8], n: u32) -> Result<Vec<fb::MemEvent>, DecodeErr
     let n = bounded(n, encoded, Packed::Mem)?;
     let mut ev = vec![fb::MemEvent::default(); n];
     let mut d = Decoder::new(encoded);
-    d.delta32(n, |i, v| ev[i].set_ts(v))?;
+    d.delta32(&mut ev, |e, v| e.set_ts(v))?;
     for (e, &k) in ev.iter_mut().zip(d.bytes(n)?) {
         e.set_kind(fb::MemKind(k));
     }
     for (e, &k) in ev.iter_mut().zip(d.bytes(n)?) {
         e.set_device(k);
     }
-    d.varints(n, 16, |i, v| ev[i].set_stream(v as u16))?;
-    d.delta64(n, |i, v| ev[i].set_ptr(v))?;
-    d.varints(n, 64, |i, v| ev[i].set_bytes(v))?;
-    d.varints(n, 32, |i, v| ev[i].set_stack(v as u32))?;
-    d.delta32(n, |i, v| ev[i].set_pmem(v))?;
+    d.varints(&mut ev, 16, |e, v| e.set_stream(v as u16))?;
+    d.delta64(&mut ev, |e, v| e.set_ptr(v))?;
+    d.varints(&mut ev, 64, |e, v| e.set_bytes(v))?;
+    d.varints(&mut ev, 32, |e, v| e.set_stack(v as u32))?;
+    d.delta32(&mut ev, |e, v| e.set_pmem(v))?;
     d.finish()?;
     Ok(ev)
 }
@@ -317,9 +367,9 @@ pub fn decode_scope(encoded: &[u8], n: u32) -> Result<Vec<fb::ScopeEvent>, Decod
     let n = bounded(n, encoded, Packed::Scope)?;
     let mut ev = vec![fb::ScopeEvent::default(); n];
     let mut d = Decoder::new(encoded);
-    d.delta32(n, |i, v| ev[i].set_end(v))?;
-    d.varints(n, 32, |i, v| ev[i].set_stack(v as u32))?;
-    d.varints(n, 64, |i, v| ev[i].set_duration(v))?;
+    d.delta32(&mut ev, |e, v| e.set_end(v))?;
+    d.varints(&mut ev, 32, |e, v| e.set_stack(v as u32))?;
+    d.varints(&mut ev, 64, |e, v| e.set_duration(v))?;
     d.finish()?;
     Ok(ev)
 }
@@ -328,13 +378,13 @@ pub fn decode_mark(encoded: &[u8], n: u32) -> Result<Vec<fb::MarkEvent>, DecodeE
     let n = bounded(n, encoded, Packed::Mark)?;
     let mut ev = vec![fb::MarkEvent::default(); n];
     let mut d = Decoder::new(encoded);
-    d.delta64(n, |i, v| ev[i].set_ticks(v))?;
+    d.delta64(&mut ev, |e, v| e.set_ticks(v))?;
     for (e, &k) in ev.iter_mut().zip(d.bytes(n)?) {
         e.set_kind(fb::MarkKind(k));
     }
-    d.varints(n, 32, |i, v| ev[i].set_aux(v as u32))?;
-    d.varints(n, 64, |i, v| ev[i].set_a(v))?;
-    d.varints(n, 64, |i, v| ev[i].set_b(v))?;
+    d.varints(&mut ev, 32, |e, v| e.set_aux(v as u32))?;
+    d.varints(&mut ev, 64, |e, v| e.set_a(v))?;
+    d.varints(&mut ev, 64, |e, v| e.set_b(v))?;
     d.finish()?;
     Ok(ev)
 }
