@@ -219,7 +219,13 @@ fn run(o: &Options) -> Res<()> {
 
 /// Analyzes `path` `o.runs` times and prints the figures; `live_bytes` is the size of the live
 /// (unpacked) trace, the reference of the memory target.
-fn analyze_runs(o: &Options, path: &Path, file_bytes: u64, read_s: f64, live_bytes: u64) -> Res<()> {
+fn analyze_runs(
+    o: &Options,
+    path: &Path,
+    file_bytes: u64,
+    read_s: f64,
+    live_bytes: u64,
+) -> Res<()> {
     let mut results = Vec::new();
     for run in 1..=o.runs {
         let r = analyze_in_child(path)?;
@@ -867,8 +873,18 @@ fn print_figures(file_bytes: u64, read_s: f64, a: &Analysis, max_rss_kib: u64, l
     row(
         "bytes/event",
         format!("{bpe:.2}"),
-        if packed { "<= 6 (packed)" } else { "<= 32 (live)" },
-        Some(bpe <= if packed { TARGET_PACKED_BYTES_PER_EVENT } else { TARGET_BYTES_PER_EVENT }),
+        if packed {
+            "<= 6 (packed)"
+        } else {
+            "<= 32 (live)"
+        },
+        Some(
+            bpe <= if packed {
+                TARGET_PACKED_BYTES_PER_EVENT
+            } else {
+                TARGET_BYTES_PER_EVENT
+            },
+        ),
     );
     row("read (warm page cache)", format!("{read_s:.3} s"), "", None);
     row(

@@ -88,7 +88,12 @@ fn no_single_bit_flip_in_a_packed_trace_changes_a_report_silently() {
     let live = tmp("flip-live.pstrace");
     small_trace(&live);
     let packed = tmp("flip-packed.pstrace");
-    pack(&Trace::open(&live).unwrap(), &packed, &PackOptions::default()).unwrap();
+    pack(
+        &Trace::open(&live).unwrap(),
+        &packed,
+        &PackOptions::default(),
+    )
+    .unwrap();
     let bytes = std::fs::read(&packed).unwrap();
     flip_every_byte(&packed, &bytes, "flip-packed-copy.pstrace");
 }
@@ -98,7 +103,12 @@ fn every_cut_of_a_packed_trace_reads_without_a_panic() {
     let live = tmp("cut-live.pstrace");
     small_trace(&live);
     let packed = tmp("cut-packed.pstrace");
-    pack(&Trace::open(&live).unwrap(), &packed, &PackOptions::default()).unwrap();
+    pack(
+        &Trace::open(&live).unwrap(),
+        &packed,
+        &PackOptions::default(),
+    )
+    .unwrap();
     let bytes = std::fs::read(&packed).unwrap();
     let full = outcome(&Trace::open(&packed).unwrap());
     let path = tmp("cut.pstrace");

@@ -319,7 +319,15 @@ fn packed_traces_give_the_same_outputs() {
     };
     run(
         &live,
-        &["demo", "--out", "demo.pstrace", "--epochs", "2", "--steps-per-epoch", "60"],
+        &[
+            "demo",
+            "--out",
+            "demo.pstrace",
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "60",
+        ],
     );
     let mut names: Vec<String> = vec!["demo.pstrace".into()];
     for name in scenarios::NAMES {
@@ -347,7 +355,9 @@ fn packed_traces_give_the_same_outputs() {
                 .into_iter()
                 .map(|t| t.trim_start_matches('/').to_owned())
                 .collect();
-            cases(name).into_iter().map(move |(_, args)| (ts.clone(), args))
+            cases(name)
+                .into_iter()
+                .map(move |(_, args)| (ts.clone(), args))
         })
         .collect();
     for cmd in ["report", "functions", "lines", "timers", "epochs"] {
@@ -355,7 +365,11 @@ fn packed_traces_give_the_same_outputs() {
     }
     cases_of.push((vec!["demo.pstrace".into()], vec!["report"]));
     for (ts, args) in &cases_of {
-        let all: Vec<&str> = args.iter().copied().chain(ts.iter().map(String::as_str)).collect();
+        let all: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(ts.iter().map(String::as_str))
+            .collect();
         let (a, b) = (run(&live, &all), run(&packed, &all));
         assert!(a == b, "poolsight {all:?}: the packed trace gives another output:\n--- live\n{a}\n--- packed\n{b}");
         checked += 1;
@@ -371,8 +385,8 @@ fn the_committed_packed_fixture_matches_the_golden_files() {
     let traces = vec!["fixtures/traces/packed/chainer_nested.pstrace".to_owned()];
     for (file, args) in cases("chainer_nested") {
         let got = poolsight(&args, &traces).replace("traces/packed/", "traces/");
-        let want = std::fs::read_to_string(expected_dir("chainer_nested").join(&file))
-            .unwrap_or_default();
+        let want =
+            std::fs::read_to_string(expected_dir("chainer_nested").join(&file)).unwrap_or_default();
         assert!(got == want, "{file}:\n--- expected\n{want}\n--- got\n{got}");
     }
 }

@@ -74,7 +74,10 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
         path: out.to_path_buf(),
         source,
     };
-    if let (Ok(a), Ok(b)) = (std::fs::canonicalize(&trace.path), std::fs::canonicalize(out)) {
+    if let (Ok(a), Ok(b)) = (
+        std::fs::canonicalize(&trace.path),
+        std::fs::canonicalize(out),
+    ) {
         if a == b {
             return Err(PackError::SameFile { path: b });
         }
@@ -89,7 +92,8 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
 
     let header = build_header(trace);
     let data_offset = align8((PRELUDE_LEN + header.len() + HEADER_CRC_LEN) as u64);
-    w.write_all(&header_region(data_offset, &header)).map_err(io)?;
+    w.write_all(&header_region(data_offset, &header))
+        .map_err(io)?;
     // The footer is written last (it holds the file's end); its size does not depend on its
     // values, so a placeholder keeps its slot.
     let footer_len = footer_chunk(trace, 0).len() as u64;
@@ -252,7 +256,11 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> Vec<u8> {
             open: !first.sealed,
         },
     );
-    let mut bytes = finish_chunk(&mut fbb, fb::ChunkBody::PackedEvents, table.as_union_value());
+    let mut bytes = finish_chunk(
+        &mut fbb,
+        fb::ChunkBody::PackedEvents,
+        table.as_union_value(),
+    );
     let used = bytes.len() - 4;
     bytes.resize(align8(bytes.len() as u64) as usize, 0);
     seal(&mut bytes, first, used);
@@ -345,7 +353,11 @@ fn build_header(trace: &Trace) -> Vec<u8> {
     let mut fbb = FlatBufferBuilder::with_capacity(1024);
     let writer = fbb.create_string(&h.writer);
     let host = fbb.create_string(&h.host);
-    let args: Vec<_> = h.command_line.iter().map(|a| fbb.create_string(a)).collect();
+    let args: Vec<_> = h
+        .command_line
+        .iter()
+        .map(|a| fbb.create_string(a))
+        .collect();
     let command_line = fbb.create_vector(&args);
     let devices: Vec<_> = h
         .devices

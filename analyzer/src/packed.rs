@@ -182,8 +182,7 @@ pub fn decompress(data: &[u8], encoded_len: u32) -> Result<Vec<u8>, DecodeError>
     if encoded_len > MAX_ENCODED_LEN {
         return Err(DecodeError::Length { got: 0, want });
     }
-    let out =
-        zstd::bulk::decompress(data, want).map_err(|e| DecodeError::Zstd(e.to_string()))?;
+    let out = zstd::bulk::decompress(data, want).map_err(|e| DecodeError::Zstd(e.to_string()))?;
     if out.len() != encoded_len as usize {
         return Err(DecodeError::Length {
             got: out.len(),
@@ -256,7 +255,11 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    fn delta32<T>(&mut self, out: &mut [T], mut set: impl FnMut(&mut T, u32)) -> Result<(), DecodeError> {
+    fn delta32<T>(
+        &mut self,
+        out: &mut [T],
+        mut set: impl FnMut(&mut T, u32),
+    ) -> Result<(), DecodeError> {
         let mut prev = 0u32;
         self.varints(out, 32, |e, z| {
             prev = prev.wrapping_add(unzigzag(z) as u32);
@@ -264,7 +267,11 @@ impl<'a> Decoder<'a> {
         })
     }
 
-    fn delta64<T>(&mut self, out: &mut [T], mut set: impl FnMut(&mut T, u64)) -> Result<(), DecodeError> {
+    fn delta64<T>(
+        &mut self,
+        out: &mut [T],
+        mut set: impl FnMut(&mut T, u64),
+    ) -> Result<(), DecodeError> {
         let mut prev = 0u64;
         self.varints(out, 64, |e, z| {
             prev = prev.wrapping_add(unzigzag(z) as u64);
@@ -438,7 +445,10 @@ mod tests {
         assert!(decode_mem(&enc, u32::MAX).is_err());
         let mut long = enc.clone();
         long.push(0);
-        assert_eq!(decode_mem(&long, 100), Err(DecodeError::Trailing(1)).map(|_: ()| vec![]));
+        assert_eq!(
+            decode_mem(&long, 100),
+            Err(DecodeError::Trailing(1)).map(|_: ()| vec![])
+        );
         assert!(decode_mem(&[0xff; 80], 10).is_err(), "overlong varints");
         assert!(decompress(&[1, 2, 3], 10).is_err());
         let packed = compress(&enc, 1).unwrap();

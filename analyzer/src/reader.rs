@@ -1025,7 +1025,9 @@ fn verify_chunk(
         fb::ChunkBody::Defs => (ChunkKind::Defs, 0),
         fb::ChunkBody::Footer => (ChunkKind::Footer, 0),
         fb::ChunkBody::PackedEvents if packed_trace => {
-            let p = chunk.body_as_packed_events().ok_or_else(|| bad("packed chunk without a body; skipped".into()))?;
+            let p = chunk
+                .body_as_packed_events()
+                .ok_or_else(|| bad("packed chunk without a body; skipped".into()))?;
             return verify_packed(&p, sealed, off, len, meta).map_err(bad);
         }
         other => return Err(bad(format!("unknown chunk body type {}; skipped", other.0))),
@@ -1067,7 +1069,12 @@ fn verify_packed(
         Some(Packed::Mem) => ChunkKind::Mem,
         Some(Packed::Scope) => ChunkKind::Scope,
         Some(Packed::Mark) => ChunkKind::Mark,
-        None => return Err(format!("packed chunk of unknown body type {}; skipped", p.body())),
+        None => {
+            return Err(format!(
+                "packed chunk of unknown body type {}; skipped",
+                p.body()
+            ))
+        }
     };
     let min = Packed::of_body(fb::ChunkBody(p.body())).map_or(1, Packed::min_event_bytes);
     let encoded = p.encoded_len();
@@ -1090,7 +1097,10 @@ fn verify_packed(
             packed: true,
         },
         warning: None,
-        merged_seqs: p.more_seqs().map(|v| v.iter().collect()).unwrap_or_default(),
+        merged_seqs: p
+            .more_seqs()
+            .map(|v| v.iter().collect())
+            .unwrap_or_default(),
     })
 }
 
