@@ -778,5 +778,5 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
         assert!(json.get(key).is_some(), "missing key {key}");
     }
     assert_eq!(json["events"]["malloc_post"], 300);
-    assert_eq!(json["format_version"], "1.1");
+    assert_eq!(json["format_version"], "1.2");
 }
