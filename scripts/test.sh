@@ -22,7 +22,8 @@ case "${1:-}" in
 esac
 
 if [ "$want_rust" = 1 ]; then
-  echo "== cargo test --workspace"
+  echo "== cargo test --workspace (after building the C ABI's shared library, which its test links)"
+  cargo build --quiet -p poolsight-capi
   cargo test --workspace
 fi
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use poolsight::analyzer::pack::{pack, PackOptions};
 use poolsight::analyzer::{info, replay, report, ReadError, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
@@ -79,7 +80,54 @@ fn outcome(t: &Trace) -> (report::Report, String) {
 fn no_single_bit_flip_changes_a_report_silently() {
     let base_path = tmp("flip-base.pstrace");
     let bytes = small_trace(&base_path);
-    let base = Trace::open(&base_path).unwrap();
+    flip_every_byte(&base_path, &bytes, "flip.pstrace");
+}
+
+#[test]
+fn no_single_bit_flip_in_a_packed_trace_changes_a_report_silently() {
+    let live = tmp("flip-live.pstrace");
+    small_trace(&live);
+    let packed = tmp("flip-packed.pstrace");
+    pack(
+        &Trace::open(&live).unwrap(),
+        &packed,
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let bytes = std::fs::read(&packed).unwrap();
+    flip_every_byte(&packed, &bytes, "flip-packed-copy.pstrace");
+}
+
+#[test]
+fn every_cut_of_a_packed_trace_reads_without_a_panic() {
+    let live = tmp("cut-live.pstrace");
+    small_trace(&live);
+    let packed = tmp("cut-packed.pstrace");
+    pack(
+        &Trace::open(&live).unwrap(),
+        &packed,
+        &PackOptions::default(),
+    )
+    .unwrap();
+    let bytes = std::fs::read(&packed).unwrap();
+    let full = outcome(&Trace::open(&packed).unwrap());
+    let path = tmp("cut.pstrace");
+    for len in 0..bytes.len() {
+        std::fs::write(&path, &bytes[..len]).unwrap();
+        if let Ok(t) = Trace::open(&path) {
+            let got = outcome(&t);
+            assert!(
+                !t.warnings.is_empty() || got == full,
+                "a packed trace cut to {len} bytes read without a warning"
+            );
+        }
+    }
+}
+
+/// Flips one bit of every byte of the trace `bytes` (read from `base_path`): each flip is
+/// refused, warned about, or lands in a byte no reader uses.
+fn flip_every_byte(base_path: &PathBuf, bytes: &[u8], scratch: &str) {
+    let base = Trace::open(base_path).unwrap();
     assert!(base.warnings.is_empty(), "{:?}", base.warnings);
     assert!(base.footer.is_some());
     let baseline = outcome(&base);
@@ -95,13 +143,13 @@ fn no_single_bit_flip_changes_a_report_silently() {
     }
     drop(base);
 
-    let path = tmp("flip.pstrace");
+    let path = tmp(scratch);
     let (mut errors, mut warned, mut identical) = (0usize, 0usize, 0usize);
     let mut silent = Vec::new();
     let started = Instant::now();
     for at in 0..bytes.len() {
         let bit = at % 8;
-        let mut flipped = bytes.clone();
+        let mut flipped = bytes.to_vec();
         flipped[at] ^= 1 << bit;
         std::fs::write(&path, &flipped).unwrap();
         let case = Instant::now();

@@ -40,7 +40,7 @@ fn all_mem(trace: &Trace) -> Vec<(u32, fb::MemEvent)> {
     let mut out = Vec::new();
     for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
         for (_, e) in trace.mem_timeline(c) {
-            out.push((c.thread, *e));
+            out.push((c.thread, e));
         }
     }
     out
@@ -134,7 +134,7 @@ fn every_event_kind_round_trips() {
         .chunks
         .iter()
         .filter(|c| c.kind == ChunkKind::Mark)
-        .flat_map(|c| trace.mark_events(c).iter().copied())
+        .flat_map(|c| trace.mark_events(c))
         .collect();
     assert_eq!(marks.len(), 3);
     assert_eq!(
@@ -454,7 +454,7 @@ fn foreign_and_future_files_are_refused_clearly() {
     bytes[8] = 9; // major version 9
     std::fs::write(&path, &bytes).unwrap();
     let msg = Trace::open(&path).err().unwrap().to_string();
-    assert!(msg.contains("format 9.1 is not supported"), "{msg}");
+    assert!(msg.contains("format 9.2 is not supported"), "{msg}");
 
     let missing = Trace::open(tmp("does-not-exist.pstrace"))
         .err()
@@ -738,7 +738,7 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     std::fs::write(&future, &bytes).unwrap();
     for (path, needle) in [
         (&foreign, "not a poolsight trace"),
-        (&future, "format 2.1 is not supported"),
+        (&future, "format 2.2 is not supported"),
     ] {
         let out = std::process::Command::new(bin)
             .arg("info")
@@ -780,5 +780,5 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
         assert!(json.get(key).is_some(), "missing key {key}");
     }
     assert_eq!(json["events"]["malloc_post"], 300);
-    assert_eq!(json["format_version"], "1.1");
+    assert_eq!(json["format_version"], "1.2");
 }

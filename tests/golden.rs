@@ -92,6 +92,17 @@ fn reports_of_the_committed_traces_match_the_golden_files() {
         for name in scenarios::NAMES {
             scenarios::record(name, &dir);
         }
+        // The packed fixture is the packed form of the trace just recorded.
+        std::fs::create_dir_all(dir.join("packed")).expect("mkdir");
+        poolsight(
+            &[
+                "pack",
+                "fixtures/traces/chainer_nested.pstrace",
+                "-o",
+                "fixtures/traces/packed/chainer_nested.pstrace",
+            ],
+            &[],
+        );
     }
     let mut mismatches = Vec::new();
     for name in scenarios::NAMES {
@@ -351,4 +362,101 @@ fn older_format_versions_stay_readable() {
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+}
+
+/// A packed trace says what its live trace says: every golden case, and the demo's report, give
+/// the same bytes from the packed copies (packed into a folder of their own, under the same
+/// names, so that the paths in the reports are the same too).
+#[test]
+fn packed_traces_give_the_same_outputs() {
+    let dir = std::env::temp_dir().join(format!("poolsight-golden-packed-{}", std::process::id()));
+    let (live, packed) = (dir.join("live"), dir.join("packed"));
+    for d in [&live, &packed] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    let run = |cwd: &Path, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_poolsight"))
+            .current_dir(cwd)
+            .args(args)
+            .output()
+            .expect("run poolsight");
+        assert!(
+            out.status.success(),
+            "poolsight {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 output")
+    };
+    run(
+        &live,
+        &[
+            "demo",
+            "--out",
+            "demo.pstrace",
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "60",
+        ],
+    );
+    let mut names: Vec<String> = vec!["demo.pstrace".into()];
+    for name in scenarios::NAMES {
+        for t in traces(name, "") {
+            let file = t.trim_start_matches('/').to_owned();
+            std::fs::copy(root().join("fixtures/traces").join(&file), live.join(&file))
+                .expect("copy fixture");
+            names.push(file);
+        }
+    }
+    for file in &names {
+        let out = packed.join(file).display().to_string();
+        run(&live, &["pack", file, "-o", &out]);
+        assert!(
+            std::fs::metadata(packed.join(file)).unwrap().len()
+                < std::fs::metadata(live.join(file)).unwrap().len(),
+            "{file}: packing did not make it smaller"
+        );
+    }
+    let mut checked = 0;
+    let mut cases_of: Vec<(Vec<String>, Vec<&str>)> = scenarios::NAMES
+        .iter()
+        .flat_map(|name| {
+            let ts: Vec<String> = traces(name, "")
+                .into_iter()
+                .map(|t| t.trim_start_matches('/').to_owned())
+                .collect();
+            cases(name)
+                .into_iter()
+                .map(move |(_, args)| (ts.clone(), args))
+        })
+        .collect();
+    for cmd in ["report", "functions", "lines", "timers", "epochs"] {
+        cases_of.push((vec!["demo.pstrace".into()], vec![cmd, "--format", "json"]));
+    }
+    cases_of.push((vec!["demo.pstrace".into()], vec!["report"]));
+    for (ts, args) in &cases_of {
+        let all: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(ts.iter().map(String::as_str))
+            .collect();
+        let (a, b) = (run(&live, &all), run(&packed, &all));
+        assert!(a == b, "poolsight {all:?}: the packed trace gives another output:\n--- live\n{a}\n--- packed\n{b}");
+        checked += 1;
+    }
+    assert!(checked > 50, "{checked} cases");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The committed packed fixture (format 1.2, `poolsight pack` of `chainer_nested`) gives the
+/// golden outputs of its live trace; only the JSON report names the file it read.
+#[test]
+fn the_committed_packed_fixture_matches_the_golden_files() {
+    let traces = vec!["fixtures/traces/packed/chainer_nested.pstrace".to_owned()];
+    for (file, args) in cases("chainer_nested") {
+        let got = poolsight(&args, &traces).replace("traces/packed/", "traces/");
+        let want =
+            std::fs::read_to_string(expected_dir("chainer_nested").join(&file)).unwrap_or_default();
+        assert!(got == want, "{file}:\n--- expected\n{want}\n--- got\n{got}");
+    }
 }

@@ -415,13 +415,15 @@ impl ChromeProcess<'_> {
         if trace.header.cpu_source == fb::CpuSource::None {
             return Ok(());
         }
-        let mut samples: Vec<(u64, u64)> = trace
-            .chunks
-            .iter()
-            .filter(|c| c.kind == ChunkKind::Mark)
-            .flat_map(|c| trace.mark_events(c).iter())
-            .map(|m| (trace.ns_since_start(m.ticks()), m.a()))
-            .collect();
+        let mut samples: Vec<(u64, u64)> = Vec::new();
+        for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mark) {
+            samples.extend(
+                trace
+                    .mark_events(c)
+                    .iter()
+                    .map(|m| (trace.ns_since_start(m.ticks()), m.a())),
+            );
+        }
         samples.sort_unstable();
         for (ns, bytes) in samples {
             let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);

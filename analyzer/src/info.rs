@@ -155,7 +155,12 @@ pub fn info(trace: &Trace) -> Info {
     }
     Info {
         path: trace.path.display().to_string(),
-        format_version: format!("{}.{}", h.format_major, h.format_minor),
+        format_version: format!(
+            "{}.{}{}",
+            h.format_major,
+            h.format_minor,
+            if h.packed { " packed" } else { "" }
+        ),
         writer: h.writer.clone(),
         host: h.host.clone(),
         pid: h.pid,

@@ -15,6 +15,8 @@ pub mod info;
 pub mod lines;
 pub mod load;
 pub mod names;
+pub mod pack;
+pub mod packed;
 pub mod reader;
 pub mod render;
 pub mod replay;

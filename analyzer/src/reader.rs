@@ -15,7 +15,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use memmap2::Mmap;
 use poolsight_schema::{
@@ -23,6 +25,8 @@ use poolsight_schema::{
     HEADER_CRC_LEN, HEADER_CRC_MINOR, PRELUDE_LEN,
 };
 use rayon::prelude::*;
+
+use crate::packed::{self, Packed};
 
 /// Why a file could not be read at all.
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +72,10 @@ pub struct ChunkInfo {
     pub thread: u32,
     pub base_ticks: u64,
     pub sealed: bool,
-    /// Events (for event chunks).
+    /// Events (for event chunks), rebase events included.
     pub events: u32,
+    /// A packed chunk (format 1.2): its events are decoded when read.
+    pub packed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,6 +138,8 @@ pub struct Header {
     pub cpu_source: fb::CpuSource,
     /// Devices named in the header (more may come in definitions chunks).
     pub devices: Vec<DeviceDef>,
+    /// A packed trace (format 1.2): no ring slots, event chunks may be packed.
+    pub packed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -170,6 +178,78 @@ pub struct Trace {
     /// `None` when the writer never finished (killed, crashed, or still running).
     pub footer: Option<Footer>,
     pub warnings: Vec<Warning>,
+    /// Packed chunks that verified but could not be decoded when read (only a crafted file
+    /// gets there: the checksum covers the packed bytes); their events are left out.
+    decode_failures: Mutex<Vec<Warning>>,
+}
+
+/// The events of one chunk: in place in the mapping, or decoded from a packed chunk.
+pub enum Events<'a, T> {
+    Mapped(&'a [T]),
+    Decoded(Vec<T>),
+}
+
+impl<T> Deref for Events<'_, T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        match self {
+            Events::Mapped(s) => s,
+            Events::Decoded(v) => v,
+        }
+    }
+}
+
+impl<T> Default for Events<'_, T> {
+    fn default() -> Self {
+        Events::Mapped(&[])
+    }
+}
+
+impl<'a, T: Copy> IntoIterator for Events<'a, T> {
+    type Item = T;
+    type IntoIter = EventsIter<'a, T>;
+
+    fn into_iter(self) -> EventsIter<'a, T> {
+        match self {
+            Events::Mapped(s) => EventsIter::Mapped(s.iter()),
+            Events::Decoded(v) => EventsIter::Decoded(v.into_iter()),
+        }
+    }
+}
+
+impl<'b, T> IntoIterator for &'b Events<'_, T> {
+    type Item = &'b T;
+    type IntoIter = std::slice::Iter<'b, T>;
+
+    fn into_iter(self) -> std::slice::Iter<'b, T> {
+        self.iter()
+    }
+}
+
+/// Iterates [`Events`] by value.
+pub enum EventsIter<'a, T> {
+    Mapped(std::slice::Iter<'a, T>),
+    Decoded(std::vec::IntoIter<T>),
+}
+
+impl<T: Copy> Iterator for EventsIter<'_, T> {
+    type Item = T;
+
+    #[inline]
+    fn next(&mut self) -> Option<T> {
+        match self {
+            EventsIter::Mapped(i) => i.next().copied(),
+            EventsIter::Decoded(i) => i.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            EventsIter::Mapped(i) => i.size_hint(),
+            EventsIter::Decoded(i) => i.size_hint(),
+        }
+    }
 }
 
 /// Size prefix, root offset and file identifier.
@@ -212,23 +292,26 @@ impl Trace {
         })?;
         let spans = walk(&map, prelude.data_offset as u64, &header, &mut warnings);
         let minor = prelude.minor;
+        let packed = header.packed;
         let results: Vec<Result<Verified, Warning>> = windows(&spans, |&(off, len)| (off, len))
             .par_iter()
             .flat_map_iter(|w| {
                 let out: Vec<_> = w
                     .iter()
-                    .map(|&&(off, len)| verify_chunk(data, off, len, minor))
+                    .map(|&&(off, len)| verify_chunk(data, off, len, minor, packed))
                     .collect();
                 release_window(&map, w.iter().map(|&&(off, len)| (off, len)));
                 out
             })
             .collect();
         let mut chunks = Vec::with_capacity(results.len());
+        let mut merged_seqs = Vec::new();
         for r in results {
             match r {
                 Ok(v) => {
                     chunks.push(v.info);
                     warnings.extend(v.warning);
+                    merged_seqs.extend(v.merged_seqs);
                 }
                 Err(w) => warnings.push(w),
             }
@@ -242,10 +325,16 @@ impl Trace {
             defs: Defs::default(),
             footer: None,
             warnings,
+            decode_failures: Mutex::new(Vec::new()),
         };
         trace.load_defs_and_footer();
         if trace.header.ring.is_none() {
-            check_seqs(&trace.chunks, trace.footer.as_ref(), &mut trace.warnings);
+            check_seqs(
+                &trace.chunks,
+                merged_seqs,
+                trace.footer.as_ref(),
+                &mut trace.warnings,
+            );
         }
         Ok(trace)
     }
@@ -338,38 +427,91 @@ impl Trace {
         unsafe { fb::size_prefixed_root_as_chunk_unchecked(buf) }
     }
 
-    /// Memory events of a `Mem` chunk, in place (empty for other kinds).
-    pub fn mem_events(&self, c: &ChunkInfo) -> &[fb::MemEvent] {
+    /// Memory events of a `Mem` chunk, in place or decoded (empty for other kinds).
+    pub fn mem_events(&self, c: &ChunkInfo) -> Events<'_, fb::MemEvent> {
+        if c.packed {
+            return self.decode(c, Packed::Mem, packed::decode_mem);
+        }
         let events = self
             .chunk_root(c)
             .body_as_mem_events()
             .and_then(|b| b.events());
-        vector_slice(events)
+        Events::Mapped(vector_slice(events))
     }
 
-    pub fn scope_events(&self, c: &ChunkInfo) -> &[fb::ScopeEvent] {
+    pub fn scope_events(&self, c: &ChunkInfo) -> Events<'_, fb::ScopeEvent> {
+        if c.packed {
+            return self.decode(c, Packed::Scope, packed::decode_scope);
+        }
         let events = self
             .chunk_root(c)
             .body_as_scope_events()
             .and_then(|b| b.events());
-        vector_slice(events)
+        Events::Mapped(vector_slice(events))
     }
 
-    pub fn mark_events(&self, c: &ChunkInfo) -> &[fb::MarkEvent] {
+    pub fn mark_events(&self, c: &ChunkInfo) -> Events<'_, fb::MarkEvent> {
+        if c.packed {
+            return self.decode(c, Packed::Mark, packed::decode_mark);
+        }
         let events = self
             .chunk_root(c)
             .body_as_mark_events()
             .and_then(|b| b.events());
-        vector_slice(events)
+        Events::Mapped(vector_slice(events))
+    }
+
+    /// Decodes a packed chunk of `kind`; a failure is remembered as a warning (see
+    /// [`Trace::decode_failures`]) and gives no events.
+    fn decode<T>(
+        &self,
+        c: &ChunkInfo,
+        kind: Packed,
+        columns: fn(&[u8], u32) -> Result<Vec<T>, packed::DecodeError>,
+    ) -> Events<'_, T> {
+        let Some(p) = self.chunk_root(c).body_as_packed_events() else {
+            return Events::default();
+        };
+        if Packed::of_body(fb::ChunkBody(p.body())) != Some(kind) {
+            return Events::default();
+        }
+        let data = p.data().map_or(&[][..], |d| d.bytes());
+        match packed::decompress(data, p.encoded_len()).and_then(|e| columns(&e, p.events())) {
+            Ok(v) => Events::Decoded(v),
+            Err(e) => {
+                let w = Warning {
+                    offset: c.offset,
+                    what: format!("packed chunk does not decode ({e}); its events are left out"),
+                    torn: true,
+                };
+                let mut failures = self
+                    .decode_failures
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if !failures.contains(&w) {
+                    failures.push(w);
+                }
+                Events::default()
+            }
+        }
+    }
+
+    /// Packed chunks that could not be decoded so far (each named once): a pass that read
+    /// them left their events out.
+    pub fn decode_failures(&self) -> Vec<Warning> {
+        self.decode_failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Memory events of a chunk with absolute ticks, rebase markers applied and left out.
     pub fn mem_timeline<'a>(
         &'a self,
         c: &ChunkInfo,
-    ) -> impl Iterator<Item = (u64, &'a fb::MemEvent)> + 'a {
+    ) -> impl Iterator<Item = (u64, fb::MemEvent)> + 'a {
         let mut base = c.base_ticks;
-        self.mem_events(c).iter().filter_map(move |e| {
+        self.mem_events(c).into_iter().filter_map(move |e| {
             if e.kind() == fb::MemKind::Rebase {
                 base = e.ptr();
                 None
@@ -383,9 +525,9 @@ impl Trace {
     pub fn scope_timeline<'a>(
         &'a self,
         c: &ChunkInfo,
-    ) -> impl Iterator<Item = (u64, &'a fb::ScopeEvent)> + 'a {
+    ) -> impl Iterator<Item = (u64, fb::ScopeEvent)> + 'a {
         let mut base = c.base_ticks;
-        self.scope_events(c).iter().filter_map(move |e| {
+        self.scope_events(c).into_iter().filter_map(move |e| {
             if e.stack() == 0 {
                 base = e.duration();
                 None
@@ -575,6 +717,7 @@ fn read_header(
         ring: (h.mode() == fb::Mode::Ring).then_some(h.ring_slots()),
         chunk_size: h.chunk_size(),
         cpu_source: h.cpu_source(),
+        packed: h.packed(),
         devices: h
             .devices()
             .into_iter()
@@ -615,7 +758,7 @@ fn walk(
             next
         }
     };
-    if let Some(slots) = header.ring {
+    if let (Some(slots), false) = (header.ring, header.packed) {
         // read_header refused slots too small to hold a chunk, so the loop below is bounded by
         // the file's size however large `slots` claims to be.
         let slot_len = align8(header.chunk_size as u64);
@@ -779,9 +922,17 @@ fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
 struct Verified {
     info: ChunkInfo,
     warning: Option<Warning>,
+    /// The seqs of the further chunks a packed chunk holds.
+    merged_seqs: Vec<u64>,
 }
 
-fn verify_chunk(data: &[u8], off: u64, len: u32, minor: u16) -> Result<Verified, Warning> {
+fn verify_chunk(
+    data: &[u8],
+    off: u64,
+    len: u32,
+    minor: u16,
+    packed_trace: bool,
+) -> Result<Verified, Warning> {
     let bad = |what: String| Warning {
         offset: off,
         what,
@@ -873,12 +1024,19 @@ fn verify_chunk(data: &[u8], off: u64, len: u32, minor: u16) -> Result<Verified,
         ),
         fb::ChunkBody::Defs => (ChunkKind::Defs, 0),
         fb::ChunkBody::Footer => (ChunkKind::Footer, 0),
+        fb::ChunkBody::PackedEvents if packed_trace => {
+            let p = chunk
+                .body_as_packed_events()
+                .ok_or_else(|| bad("packed chunk without a body; skipped".into()))?;
+            return verify_packed(&p, sealed, off, len, meta).map_err(bad);
+        }
         other => return Err(bad(format!("unknown chunk body type {}; skipped", other.0))),
     };
     if matches!(kind, ChunkKind::Defs) && !sealed {
         return Err(bad("definitions chunk was never sealed; skipped".into()));
     }
     Ok(Verified {
+        merged_seqs: Vec::new(),
         info: ChunkInfo {
             offset: off,
             len,
@@ -888,8 +1046,61 @@ fn verify_chunk(data: &[u8], off: u64, len: u32, minor: u16) -> Result<Verified,
             base_ticks: meta.base_ticks(),
             sealed,
             events: events as u32,
+            packed: false,
         },
         warning,
+    })
+}
+
+/// The checks of a packed chunk that need no decoding (docs/format.md, "Packed traces"): it
+/// was sealed by `pack`, names an event body, and declares sizes its bytes can hold. Whether
+/// the columns decode is found when they are read.
+fn verify_packed(
+    p: &fb::PackedEvents<'_>,
+    sealed: bool,
+    off: u64,
+    len: u32,
+    meta: &fb::ChunkMeta,
+) -> Result<Verified, String> {
+    if !sealed {
+        return Err("packed chunk is not sealed; skipped".into());
+    }
+    let kind = match Packed::of_body(fb::ChunkBody(p.body())) {
+        Some(Packed::Mem) => ChunkKind::Mem,
+        Some(Packed::Scope) => ChunkKind::Scope,
+        Some(Packed::Mark) => ChunkKind::Mark,
+        None => {
+            return Err(format!(
+                "packed chunk of unknown body type {}; skipped",
+                p.body()
+            ))
+        }
+    };
+    let min = Packed::of_body(fb::ChunkBody(p.body())).map_or(1, Packed::min_event_bytes);
+    let encoded = p.encoded_len();
+    if encoded > packed::MAX_ENCODED_LEN || (p.events() as u64) * (min as u64) > encoded as u64 {
+        return Err(format!(
+            "packed chunk declares {} events in {encoded} encoded bytes: damaged; skipped",
+            p.events()
+        ));
+    }
+    Ok(Verified {
+        info: ChunkInfo {
+            offset: off,
+            len,
+            kind,
+            seq: meta.seq(),
+            thread: meta.thread(),
+            base_ticks: meta.base_ticks(),
+            sealed: !p.open(),
+            events: p.events(),
+            packed: true,
+        },
+        warning: None,
+        merged_seqs: p
+            .more_seqs()
+            .map(|v| v.iter().collect())
+            .unwrap_or_default(),
     })
 }
 
@@ -897,12 +1108,19 @@ fn verify_chunk(data: &[u8], off: u64, len: u32, minor: u16) -> Result<Verified,
 /// `seq` that is absent (below the highest one found, or below the sealed footer's count) is a
 /// chunk that was lost. The warning counts as a torn chunk only when no other one does: a
 /// damaged chunk that was already reported is most likely the one missing.
-fn check_seqs(chunks: &[ChunkInfo], footer: Option<&Footer>, warnings: &mut Vec<Warning>) {
+fn check_seqs(
+    chunks: &[ChunkInfo],
+    merged: Vec<u64>,
+    footer: Option<&Footer>,
+    warnings: &mut Vec<Warning>,
+) {
     let mut found: Vec<u64> = chunks
         .iter()
         .filter(|c| c.kind != ChunkKind::Footer && c.seq != 0)
         .map(|c| c.seq)
+        .chain(merged.into_iter().filter(|&s| s != 0))
         .collect();
+    found.sort_unstable();
     found.dedup();
     let last = found.last().copied().unwrap_or(0);
     let want = footer.map_or(last, |f| f.chunks.max(last));

@@ -22,6 +22,15 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let exe = tmp.join(format!("smoke-{}", std::process::id()));
     let lib = library_dir();
+    // `cargo test` builds this crate as an rlib only; scripts/test.sh builds the shared
+    // library first (`cargo build -p poolsight-capi`).
+    if !lib.join("libpoolsight_capi.so").exists() {
+        eprintln!(
+            "skipped: {}/libpoolsight_capi.so is not built (run `cargo build -p poolsight-capi`, as scripts/test.sh does)",
+            lib.display()
+        );
+        return;
+    }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg("-Wall")

@@ -34,8 +34,11 @@ pub const MAGIC: [u8; 8] = *b"PSTRACE\0";
 /// Incompatible changes bump this; a reader refuses a major it does not know.
 pub const FORMAT_MAJOR: u16 = 1;
 /// Compatible additions bump this. 1.1 added the header checksum and the size prefix to the
-/// sealed-chunk checksum (see [`HEADER_CRC_MINOR`]).
-pub const FORMAT_MINOR: u16 = 1;
+/// sealed-chunk checksum (see [`HEADER_CRC_MINOR`]); 1.2 added packed traces (see
+/// [`PACKED_MINOR`]).
+pub const FORMAT_MINOR: u16 = 2;
+/// The first minor version that may be packed (`Header.packed`, `PackedEvents` chunks).
+pub const PACKED_MINOR: u16 = 2;
 /// The first minor version whose files carry a header checksum (the 4 bytes before
 /// `data_offset`) and whose sealed-chunk checksums cover the size prefix.
 pub const HEADER_CRC_MINOR: u16 = 1;

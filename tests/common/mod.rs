@@ -65,7 +65,7 @@ impl Trace {
         };
         for c in &v.chunks {
             match c.kind {
-                ChunkKind::Mem => t.mem.extend(v.mem_timeline(c).map(|(_, e)| *e)),
+                ChunkKind::Mem => t.mem.extend(v.mem_timeline(c).map(|(_, e)| e)),
                 ChunkKind::Scope => t
                     .scopes
                     .extend(v.scope_timeline(c).map(|(_, e)| (e.stack(), e.duration()))),

@@ -73,18 +73,20 @@ impl Default for ReplayOptions {
 
 /// Replays one trace. `index` is its position among the traces being merged (0 for one).
 pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
-    let (stacks, timeline) = rayon::join(
-        || stacks::per_stack(trace, opts.progress.as_deref()),
+    let (stacks, (timeline, packed_mem)) = rayon::join(
+        || stacks::per_stack(trace, true, opts.progress.as_deref()),
         || {
-            ordered::in_time_order(
+            ordered::in_time_order_folding(
                 trace,
                 opts.series_points,
                 Vec::new(),
                 0,
+                true,
                 opts.progress.as_deref(),
             )
         },
     );
+    let stacks = stacks.merge(packed_mem);
     let live: HashMap<u32, u64> = match timeline.peak_ordinal {
         Some(peak) if opts.live_at_peak => {
             ordered::in_time_order(trace, 0, vec![peak], usize::MAX, opts.progress.as_deref())
@@ -107,8 +109,13 @@ pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
         duration_ns: trace.ns_since_start(end_ticks),
         sealed: trace.footer.is_some(),
         dropped_events: trace.footer.map_or(0, |f| f.dropped_events),
-        torn_chunks: trace.torn_chunks(),
-        warnings: trace.warnings.iter().map(|w| w.to_string()).collect(),
+        torn_chunks: trace.torn_chunks() + trace.decode_failures().len(),
+        warnings: trace
+            .warnings
+            .iter()
+            .chain(&trace.decode_failures())
+            .map(|w| w.to_string())
+            .collect(),
         pool: timeline.pool(trace),
         epochs: timeline.epochs(trace, end_ticks),
         series: timeline.series(trace),

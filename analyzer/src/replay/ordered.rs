@@ -4,13 +4,15 @@
 //! peak, or the maximum of each point of the series for the HTML report's timeline.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
 
 use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::profile::{signed, EpochFigures, PoolFigures, Series};
+use super::stacks::{fold_mem, PerStack};
 use super::Units;
-use crate::reader::{ChunkInfo, ChunkKind, Trace, WINDOW};
+use crate::reader::{ChunkInfo, ChunkKind, Events, Trace, WINDOW};
 
 /// State of the time-ordered pass.
 pub(super) struct Timeline {
@@ -382,11 +384,13 @@ impl Downsampler {
 struct Stream<'a> {
     chunks: Vec<&'a ChunkInfo>,
     next_chunk: usize,
-    events: &'a [fb::MemEvent],
+    events: Events<'a, fb::MemEvent>,
     at: usize,
     base: u64,
     /// File offset of the chunk being read (`u64::MAX` once done), for page release.
     position: u64,
+    /// For a packed trace: this thread's chunks, decoded in order by a thread of their own.
+    feed: Option<Receiver<Events<'a, fb::MemEvent>>>,
 }
 
 impl<'a> Stream<'a> {
@@ -412,12 +416,15 @@ impl<'a> Stream<'a> {
             }
             let Some(&c) = self.chunks.get(self.next_chunk) else {
                 self.position = u64::MAX;
-                self.events = &[];
+                self.events = Events::default();
                 self.next_chunk = self.chunks.len() + 1;
                 return None;
             };
             self.next_chunk += 1;
-            self.events = trace.mem_events(c);
+            self.events = match &self.feed {
+                Some(rx) => rx.recv().unwrap_or_default(),
+                None => trace.mem_events(c),
+            };
             self.at = 0;
             self.base = c.base_ticks;
             self.position = c.offset;
@@ -440,17 +447,72 @@ pub(super) fn in_time_order(
     keep: usize,
     progress: Option<&AtomicU64>,
 ) -> Timeline {
+    in_time_order_folding(trace, points, stops, keep, false, progress).0
+}
+
+/// Chunks decoded ahead of the merge, per thread: enough to keep the merge busy, few enough
+/// that memory stays a few MB.
+const DECODED_AHEAD: usize = 4;
+
+/// [`in_time_order`]; in a packed trace each thread's memory chunks are decoded ahead on a
+/// thread of their own (the merge itself stays on one thread), and with `fold` those threads
+/// also fold the decoded events by stack, so that the per-stack pass need not decode them
+/// again: the returned [`PerStack`] holds packed memory chunks only.
+pub(super) fn in_time_order_folding(
+    trace: &Trace,
+    points: usize,
+    stops: Vec<u64>,
+    keep: usize,
+    fold: bool,
+    progress: Option<&AtomicU64>,
+) -> (Timeline, PerStack) {
+    let by_thread = mem_chunks_by_thread(trace);
     let units = Units::of(trace);
-    let track = !stops.is_empty();
-    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
-    let mut marks: Vec<&fb::MarkEvent> = trace
-        .chunks
-        .iter()
-        .filter(|c| c.kind == ChunkKind::Mark)
-        .flat_map(|c| trace.mark_events(c))
-        .collect();
-    // Stable: marks at one tick keep their recorded order.
-    marks.sort_by_key(|m| m.ticks());
+    let stacks = trace.defs.stacks.len();
+    if !by_thread.iter().flat_map(|(_, cs)| cs).any(|c| c.packed) {
+        let tl = merge(trace, points, stops, keep, progress, by_thread, Vec::new());
+        return (tl, PerStack::new(0));
+    }
+    std::thread::scope(|s| {
+        let mut feeds = Vec::new();
+        let mut producers = Vec::new();
+        for (_, chunks) in &by_thread {
+            let (tx, rx) = sync_channel(DECODED_AHEAD);
+            feeds.push(rx);
+            let units = &units;
+            producers.push(s.spawn(move || {
+                let mut acc = PerStack::new(if fold { stacks } else { 0 });
+                for c in chunks {
+                    let events = trace.mem_events(c);
+                    if fold {
+                        fold_mem(&events, c.base_ticks, units, &mut acc);
+                    }
+                    // The merge hangs up when it stops early: nothing more is needed.
+                    if tx.send(events).is_err() {
+                        break;
+                    }
+                }
+                acc
+            }));
+        }
+        let tl = merge(
+            trace,
+            points,
+            stops,
+            keep,
+            progress,
+            by_thread.clone(),
+            feeds,
+        );
+        let acc = producers.into_iter().filter_map(|p| p.join().ok()).fold(
+            PerStack::new(if fold { stacks } else { 0 }),
+            PerStack::merge,
+        );
+        (tl, acc)
+    })
+}
+
+fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)> {
     let mut by_thread: Vec<(u32, Vec<&ChunkInfo>)> = Vec::new();
     for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
         match by_thread.iter_mut().find(|(t, _)| *t == c.thread) {
@@ -459,12 +521,39 @@ pub(super) fn in_time_order(
         }
     }
     by_thread.sort_by_key(|(t, _)| *t);
+    by_thread
+}
+
+/// The merge of [`in_time_order`]; `feeds`, when not empty, deliver each thread's decoded
+/// chunks in order (one per thread of `by_thread`).
+fn merge<'a>(
+    trace: &'a Trace,
+    points: usize,
+    stops: Vec<u64>,
+    keep: usize,
+    progress: Option<&AtomicU64>,
+    by_thread: Vec<(u32, Vec<&'a ChunkInfo>)>,
+    feeds: Vec<Receiver<Events<'a, fb::MemEvent>>>,
+) -> Timeline {
+    let units = Units::of(trace);
+    let track = !stops.is_empty();
+    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
+    let mut marks: Vec<fb::MarkEvent> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mark)
+        .flat_map(|c| trace.mark_events(c))
+        .collect();
+    // Stable: marks at one tick keep their recorded order.
+    marks.sort_by_key(|m| m.ticks());
+    let mut feeds = feeds.into_iter();
     let mut streams: Vec<Stream> = by_thread
         .into_iter()
         .map(|(_, chunks)| Stream {
+            feed: feeds.next(),
             chunks,
             next_chunk: 0,
-            events: &[],
+            events: Events::default(),
             at: 0,
             base: 0,
             position: 0,
@@ -492,7 +581,7 @@ pub(super) fn in_time_order(
         }
         let Some((t, i)) = first else { break };
         while next_mark < marks.len() && marks[next_mark].ticks() < t {
-            tl.mark(marks[next_mark]);
+            tl.mark(&marks[next_mark]);
             next_mark += 1;
         }
         let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));

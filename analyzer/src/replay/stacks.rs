@@ -29,7 +29,7 @@ pub(super) struct PerStack {
 const DENSE_STACKS: usize = 1 << 16;
 
 impl PerStack {
-    fn new(stacks: usize) -> PerStack {
+    pub(super) fn new(stacks: usize) -> PerStack {
         PerStack {
             dense: vec![Agg::default(); (stacks + 1).min(DENSE_STACKS)],
             sparse: FxHashMap::default(),
@@ -46,9 +46,13 @@ impl PerStack {
         }
     }
 
-    fn merge(mut self, other: PerStack) -> PerStack {
+    pub(super) fn merge(mut self, other: PerStack) -> PerStack {
         for (a, b) in self.dense.iter_mut().zip(&other.dense) {
             a.add(b);
+        }
+        let held = self.dense.len();
+        for (id, b) in other.dense.iter().enumerate().skip(held) {
+            self.sparse.entry(id as u32).or_default().add(b);
         }
         for (k, v) in other.sparse {
             self.sparse.entry(k).or_default().add(&v);
@@ -70,7 +74,13 @@ impl PerStack {
     }
 }
 
-pub(super) fn per_stack(trace: &Trace, progress: Option<&AtomicU64>) -> PerStack {
+/// Folds every chunk but, with `skip_packed_mem`, packed memory chunks (the time-ordered
+/// pass folds those as it decodes them, so each is decoded once).
+pub(super) fn per_stack(
+    trace: &Trace,
+    skip_packed_mem: bool,
+    progress: Option<&AtomicU64>,
+) -> PerStack {
     let units = Units::of(trace);
     let stacks = trace.defs.stacks.len();
     trace
@@ -81,7 +91,10 @@ pub(super) fn per_stack(trace: &Trace, progress: Option<&AtomicU64>) -> PerStack
             |mut acc, window| {
                 for c in window {
                     match c.kind {
-                        ChunkKind::Mem => fold_mem(trace, c, &units, &mut acc),
+                        ChunkKind::Mem if skip_packed_mem && c.packed => {}
+                        ChunkKind::Mem => {
+                            fold_mem(&trace.mem_events(c), c.base_ticks, &units, &mut acc)
+                        }
                         ChunkKind::Scope => fold_scopes(trace, c, &mut acc),
                         ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
                         ChunkKind::Defs | ChunkKind::Footer => {}
@@ -97,11 +110,17 @@ pub(super) fn per_stack(trace: &Trace, progress: Option<&AtomicU64>) -> PerStack
         .reduce(|| PerStack::new(stacks), PerStack::merge)
 }
 
-fn fold_mem(trace: &Trace, c: &ChunkInfo, units: &Units, acc: &mut PerStack) {
-    let mut base = c.base_ticks;
+/// Folds one chunk's memory events, which count from `base_ticks`.
+pub(super) fn fold_mem(
+    events_in: &[fb::MemEvent],
+    base_ticks: u64,
+    units: &Units,
+    acc: &mut PerStack,
+) {
+    let mut base = base_ticks;
     let mut events = 0u64;
     let mut last_ticks = 0;
-    for e in trace.mem_events(c) {
+    for e in events_in {
         let kind = e.kind();
         if kind == fb::MemKind::Rebase {
             base = e.ptr();

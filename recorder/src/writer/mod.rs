@@ -398,6 +398,7 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
                 CpuSource::Heap => fb::CpuSource::Heap,
                 CpuSource::Rss => fb::CpuSource::Rss,
             },
+            packed: false,
         },
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);

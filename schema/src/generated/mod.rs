@@ -54,5 +54,7 @@ pub mod poolsight {
     pub use self::defs_generated::*;
     mod footer_generated;
     pub use self::footer_generated::*;
+    mod packed_events_generated;
+    pub use self::packed_events_generated::*;
   } // fb
 } // poolsight

@@ -5,16 +5,17 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_CHUNK_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_CHUNK_BODY: u8 = 5;
+pub const ENUM_MAX_CHUNK_BODY: u8 = 6;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_CHUNK_BODY: [ChunkBody; 6] = [
+pub const ENUM_VALUES_CHUNK_BODY: [ChunkBody; 7] = [
   ChunkBody::NONE,
   ChunkBody::MemEvents,
   ChunkBody::ScopeEvents,
   ChunkBody::MarkEvents,
   ChunkBody::Defs,
   ChunkBody::Footer,
+  ChunkBody::PackedEvents,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -28,9 +29,10 @@ impl ChunkBody {
   pub const MarkEvents: Self = Self(3);
   pub const Defs: Self = Self(4);
   pub const Footer: Self = Self(5);
+  pub const PackedEvents: Self = Self(6);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 5;
+  pub const ENUM_MAX: u8 = 6;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::MemEvents,
@@ -38,6 +40,7 @@ impl ChunkBody {
     Self::MarkEvents,
     Self::Defs,
     Self::Footer,
+    Self::PackedEvents,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -48,6 +51,7 @@ impl ChunkBody {
       Self::MarkEvents => Some("MarkEvents"),
       Self::Defs => Some("Defs"),
       Self::Footer => Some("Footer"),
+      Self::PackedEvents => Some("PackedEvents"),
       _ => None,
     }
   }

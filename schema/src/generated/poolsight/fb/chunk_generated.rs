@@ -135,6 +135,21 @@ impl<'a> Chunk<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_packed_events(&self) -> Option<PackedEvents<'a>> {
+    if self.body_type() == ChunkBody::PackedEvents {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { PackedEvents::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for Chunk<'_> {
@@ -151,6 +166,7 @@ impl ::flatbuffers::Verifiable for Chunk<'_> {
           ChunkBody::MarkEvents => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<MarkEvents>>("ChunkBody::MarkEvents", pos),
           ChunkBody::Defs => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Defs>>("ChunkBody::Defs", pos),
           ChunkBody::Footer => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Footer>>("ChunkBody::Footer", pos),
+          ChunkBody::PackedEvents => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<PackedEvents>>("ChunkBody::PackedEvents", pos),
           _ => Ok(()),
         }
      })?
@@ -243,6 +259,13 @@ impl ::core::fmt::Debug for Chunk<'_> {
         },
         ChunkBody::Footer => {
           if let Some(x) = self.body_as_footer() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        ChunkBody::PackedEvents => {
+          if let Some(x) = self.body_as_packed_events() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -32,6 +32,7 @@ impl<'a> Header<'a> {
   pub const VT_CHUNK_SIZE: ::flatbuffers::VOffsetT = 26;
   pub const VT_RING_SLOTS: ::flatbuffers::VOffsetT = 28;
   pub const VT_CPU_SOURCE: ::flatbuffers::VOffsetT = 30;
+  pub const VT_PACKED: ::flatbuffers::VOffsetT = 32;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -55,6 +56,7 @@ impl<'a> Header<'a> {
     if let Some(x) = args.writer { builder.add_writer(x); }
     builder.add_format_minor(args.format_minor);
     builder.add_format_major(args.format_major);
+    builder.add_packed(args.packed);
     builder.add_cpu_source(args.cpu_source);
     builder.add_mode(args.mode);
     builder.finish()
@@ -159,6 +161,13 @@ impl<'a> Header<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<CpuSource>(Header::VT_CPU_SOURCE, Some(CpuSource::None)).unwrap()}
   }
+  #[inline]
+  pub fn packed(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Header::VT_PACKED, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Header<'_> {
@@ -181,6 +190,7 @@ impl ::flatbuffers::Verifiable for Header<'_> {
      .visit_field::<u32>("chunk_size", Self::VT_CHUNK_SIZE, false)?
      .visit_field::<u32>("ring_slots", Self::VT_RING_SLOTS, false)?
      .visit_field::<CpuSource>("cpu_source", Self::VT_CPU_SOURCE, false)?
+     .visit_field::<bool>("packed", Self::VT_PACKED, false)?
      .finish();
     Ok(())
   }
@@ -200,6 +210,7 @@ pub struct HeaderArgs<'a> {
     pub chunk_size: u32,
     pub ring_slots: u32,
     pub cpu_source: CpuSource,
+    pub packed: bool,
 }
 impl<'a> Default for HeaderArgs<'a> {
   #[inline]
@@ -219,6 +230,7 @@ impl<'a> Default for HeaderArgs<'a> {
       chunk_size: 0,
       ring_slots: 0,
       cpu_source: CpuSource::None,
+      packed: false,
     }
   }
 }
@@ -285,6 +297,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeaderBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<CpuSource>(Header::VT_CPU_SOURCE, cpu_source, CpuSource::None);
   }
   #[inline]
+  pub fn add_packed(&mut self, packed: bool) {
+    self.fbb_.push_slot::<bool>(Header::VT_PACKED, packed, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeaderBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     HeaderBuilder {
@@ -316,6 +332,7 @@ impl ::core::fmt::Debug for Header<'_> {
       ds.field("chunk_size", &self.chunk_size());
       ds.field("ring_slots", &self.ring_slots());
       ds.field("cpu_source", &self.cpu_source());
+      ds.field("packed", &self.packed());
       ds.finish()
   }
 }
