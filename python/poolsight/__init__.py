@@ -54,6 +54,19 @@ def active() -> Recording | None:
     return _active[-1] if _active else None
 
 
+def _recording(rec: Recording | None) -> Recording:
+    """``rec``, else the active recording; an integration's clear error when there is none or
+    it is finished."""
+    rec = rec if rec is not None else active()
+    if rec is None:
+        raise PoolsightError(
+            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
+        )
+    if rec.closed:
+        raise PoolsightError(f"the recording of {rec.path} is finished")
+    return rec
+
+
 def _phase(phase: str | None) -> int:
     try:
         return _PHASES[phase.lower() if isinstance(phase, str) else phase]

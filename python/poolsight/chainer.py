@@ -23,23 +23,12 @@ import threading
 
 import chainer
 
-from . import PoolsightError, Recording, active
+from . import Recording, _recording
 
 __all__ = ["FunctionHook", "LinkHook"]
 
 _KIND_FUNCTION, _KIND_LINK = 1, 2
 _FORWARD, _BACKWARD = 1, 2
-
-
-def _recording(rec: Recording | None) -> Recording:
-    rec = rec if rec is not None else active()
-    if rec is None:
-        raise PoolsightError(
-            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
-        )
-    if rec.closed:
-        raise PoolsightError(f"the recording of {rec.path} is finished")
-    return rec
 
 
 class _Open(threading.local):

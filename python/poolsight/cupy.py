@@ -20,20 +20,9 @@ import ctypes
 
 import cupy
 
-from . import PoolsightError, Recording, _native, active
+from . import Recording, _native, _recording, active
 
 __all__ = ["TraceHook", "use_pool"]
-
-
-def _recording(rec: Recording | None) -> Recording:
-    rec = rec if rec is not None else active()
-    if rec is None:
-        raise PoolsightError(
-            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
-        )
-    if rec.closed:
-        raise PoolsightError(f"the recording of {rec.path} is finished")
-    return rec
 
 
 def _stack_settings(rec: Recording | None, stacks: str | None, max_depth: int | None):

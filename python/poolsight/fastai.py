@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from fastai.callback.core import Callback
 
-from . import Recording
-from .torch import _recording, empty_cache, memory_stats
+from . import Recording, _recording
+from .torch import empty_cache, memory_stats
 
 __all__ = ["PeakMemCallback"]
 

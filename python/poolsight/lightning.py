@@ -16,8 +16,8 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
-from . import Recording
-from .torch import _recording, empty_cache, memory_stats
+from . import Recording, _recording
+from .torch import empty_cache, memory_stats
 
 __all__ = ["PoolsightCallback"]
 

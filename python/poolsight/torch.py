@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import PoolsightError, Recording, _native, active
+from . import PoolsightError, Recording, _native, _recording, active
 
 __all__ = [
     "CATEGORIES",
@@ -41,17 +41,6 @@ CATEGORIES = ("parameter", "buffer", "gradient", "activation", "optimizer_state"
 
 _KIND_FUNCTION, _KIND_LINK = 1, 2
 _PHASE_FORWARD, _PHASE_BACKWARD = 1, 2
-
-
-def _recording(rec: Recording | None) -> Recording:
-    rec = rec if rec is not None else active()
-    if rec is None:
-        raise PoolsightError(
-            "no recording is open: pass one, or call this inside `with poolsight.record(path):`"
-        )
-    if rec.closed:
-        raise PoolsightError(f"the recording of {rec.path} is finished")
-    return rec
 
 
 def _in_backward() -> bool:
