@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use arrow_array::{
     ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampNanosecondArray,
+    TimestampMicrosecondArray,
 };
 use arrow_schema::{Field, Schema};
 
@@ -145,7 +145,12 @@ pub fn runs_batch(
         ("start_unix_ns", int(i64_of(h.unix_ns)), false),
         (
             "start_time",
-            Arc::new(TimestampNanosecondArray::from(vec![i64_of(h.unix_ns)]).with_timezone("UTC")),
+            // Microseconds: engines compare it with now() without a cast (DuckDB's TIMESTAMP_NS
+            // does not); the exact ns are in start_unix_ns.
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![i64_of(h.unix_ns / 1000)])
+                    .with_timezone("UTC"),
+            ),
             false,
         ),
         (
