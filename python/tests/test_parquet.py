@@ -25,7 +25,7 @@ UNIT = 40 * MB
 def sql_blocks(info: str) -> list:
     """The ```sql blocks of docs/queries.md whose info string is exactly `info`."""
     text = QUERIES.read_text()
-    return [m.group(1) for m in re.finditer(r"```" + info + r"\n(.*?)```", text, re.S)]
+    return [m.group(1) for m in re.finditer(r"```" + info + r"\n(.*?)```", text, re.DOTALL)]
 
 
 def connect(dataset: Path):
@@ -90,7 +90,7 @@ def query(title: str) -> str:
     """The portable query under the heading `title` in docs/queries.md."""
     text = QUERIES.read_text()
     section = text.split("## " + title, 1)[1]
-    return re.search(r"```sql\n(.*?)```", section, re.S).group(1)
+    return re.search(r"```sql\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def test_sql_over_the_events_reproduces_info_peak_per_rank(dataset):

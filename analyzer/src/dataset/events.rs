@@ -89,11 +89,19 @@ pub static STACKS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+const EPOCH_BEGIN: i8 = 13;
+const EPOCH_END: i8 = 14;
+
+/// Event classes, in their order at equal ticks (as the replay merges them).
+const MEMORY: u8 = 0;
+const MARK: u8 = 1;
+const SCOPE: u8 = 2;
+
 /// One event, before it becomes a row.
 #[derive(Clone, Copy)]
 struct Event {
     ticks: u64,
-    /// Order at equal ticks: 0 memory, 1 mark, 2 scope (as the replay merges them).
+    /// [`MEMORY`], [`MARK`] or [`SCOPE`].
     class: u8,
     thread: u32,
     kind: i8,
@@ -187,7 +195,7 @@ fn chunk_events<'a>(trace: &'a Trace, c: &'a ChunkInfo) -> Box<dyn Iterator<Item
                 };
                 Event {
                     ticks,
-                    class: 0,
+                    class: MEMORY,
                     thread,
                     kind: kind_code(mem_kind_name(kind)),
                     bytes: Some(e.bytes()),
@@ -210,7 +218,7 @@ fn chunk_events<'a>(trace: &'a Trace, c: &'a ChunkInfo) -> Box<dyn Iterator<Item
                 .map(|f| FrameKind::from(f.kind));
             Event {
                 ticks,
-                class: 2,
+                class: SCOPE,
                 thread,
                 kind: kind_code(scope_event_name(innermost)),
                 bytes: None,
@@ -230,7 +238,7 @@ fn chunk_events<'a>(trace: &'a Trace, c: &'a ChunkInfo) -> Box<dyn Iterator<Item
 fn mark_event(e: &fb::MarkEvent) -> Event {
     Event {
         ticks: e.ticks(),
-        class: 1,
+        class: MARK,
         thread: 0,
         kind: kind_code(mark_kind_name(e.kind())),
         bytes: None,
@@ -325,16 +333,16 @@ impl EventColumns {
         self.stream.append_option(e.stream.map(i32::from));
         self.stack.append_option(e.stack.map(i64::from));
         self.epoch.append_option(epoch.map(i64_of));
-        self.duration_ns.append_option(
-            (e.class == 2)
-                .then(|| i64_of(ns - trace.ns_since_start(e.ticks.saturating_sub(e.aux)).min(ns))),
-        );
+        // A scope's start is converted on its own, as the other exports do, so its duration
+        // is end minus start in ns.
+        let duration = (e.class == SCOPE).then(|| {
+            let start = trace.ns_since_start(e.ticks.saturating_sub(e.aux));
+            i64_of(ns - start.min(ns))
+        });
+        self.duration_ns.append_option(duration);
         self.cpu_bytes.append_option(e.cpu.map(|c| i64_of(c.0)));
-        self.cpu_peak_bytes.append_option(
-            e.cpu
-                .filter(|_| KINDS[e.kind as usize] == "epoch_end")
-                .map(|c| i64_of(c.1)),
-        );
+        self.cpu_peak_bytes
+            .append_option(e.cpu.filter(|_| e.kind == EPOCH_END).map(|c| i64_of(c.1)));
         self.rows += 1;
     }
 
@@ -387,12 +395,12 @@ pub fn write_events(
         let Some((i, _)) = best else { break };
         let Some(e) = streams[i].head else { break };
         streams[i].advance();
-        let epoch = match KINDS[e.kind as usize] {
-            "epoch_begin" => {
+        let epoch = match e.kind {
+            EPOCH_BEGIN => {
                 open_epoch = Some(e.aux);
                 open_epoch
             }
-            "epoch_end" => {
+            EPOCH_END => {
                 open_epoch = None;
                 Some(e.aux)
             }
@@ -524,4 +532,16 @@ pub fn write_stacks(trace: &Trace, out: &mut ParquetFile) -> Result<u64, ExportE
     let batch = RecordBatch::try_new(STACKS_SCHEMA.clone(), columns).map_err(arrow_error)?;
     out.write(&batch)?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_codes_name_the_epoch_kinds() {
+        assert_eq!(KINDS[EPOCH_BEGIN as usize], "epoch_begin");
+        assert_eq!(KINDS[EPOCH_END as usize], "epoch_end");
+        assert_eq!(kind_code("epoch_end"), EPOCH_END);
+    }
 }
