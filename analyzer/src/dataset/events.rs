@@ -76,6 +76,9 @@ pub static EVENTS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
+/// Columns of mostly distinct values, delta-encoded rather than dictionary-encoded.
+pub const DELTA_COLUMNS: &[&str] = &["seq", "ts_ns", "ptr", "duration_ns"];
+
 pub static STACKS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     Arc::new(Schema::new(vec![
         Field::new("stack", DataType::Int64, false),

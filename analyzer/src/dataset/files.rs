@@ -10,9 +10,10 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 use super::{ExportError, SCHEMA_VERSION};
 
@@ -92,7 +93,14 @@ pub struct ParquetFile {
 }
 
 impl ParquetFile {
-    pub fn create(path: PathBuf, schema: SchemaRef) -> Result<ParquetFile, ExportError> {
+    /// `delta_columns`: columns of distinct, steadily growing values (sequence numbers,
+    /// times, pointers), written with delta encoding instead of a dictionary: a dictionary of
+    /// millions of distinct values costs time and saves nothing.
+    pub fn create(
+        path: PathBuf,
+        schema: SchemaRef,
+        delta_columns: &[&str],
+    ) -> Result<ParquetFile, ExportError> {
         let tmp = temporary_name(&path);
         let io_err = |source| ExportError::Io {
             path: path.clone(),
@@ -102,7 +110,13 @@ impl ParquetFile {
             fs::create_dir_all(parent).map_err(io_err)?;
         }
         let file = File::create(&tmp).map_err(io_err)?;
-        let props = WriterProperties::builder()
+        let mut props = WriterProperties::builder();
+        for c in delta_columns {
+            props = props
+                .set_column_dictionary_enabled(ColumnPath::from(*c), false)
+                .set_column_encoding(ColumnPath::from(*c), Encoding::DELTA_BINARY_PACKED);
+        }
+        let props = props
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_created_by(format!("poolsight {}", env!("CARGO_PKG_VERSION")))

@@ -224,12 +224,16 @@ fn export_one(
     let mut events = 0;
     if opts.tables.events() {
         let path = files::table_path(dir, "events", run, rank);
-        let mut f = files::ParquetFile::create(path.clone(), events::EVENTS_SCHEMA.clone())?;
+        let mut f = files::ParquetFile::create(
+            path.clone(),
+            events::EVENTS_SCHEMA.clone(),
+            events::DELTA_COLUMNS,
+        )?;
         events = events::write_events(trace, &mut f, progress)?;
         f.finish()?;
         written.push(path);
         let path = files::table_path(dir, "stacks", run, rank);
-        let mut f = files::ParquetFile::create(path.clone(), events::STACKS_SCHEMA.clone())?;
+        let mut f = files::ParquetFile::create(path.clone(), events::STACKS_SCHEMA.clone(), &[])?;
         events::write_stacks(trace, &mut f)?;
         f.finish()?;
         written.push(path);
@@ -239,7 +243,7 @@ fn export_one(
     if opts.tables.summary() {
         for (table, batch) in summary::batches(&profile)? {
             let path = files::table_path(dir, table, run, rank);
-            let mut f = files::ParquetFile::create(path.clone(), batch.schema())?;
+            let mut f = files::ParquetFile::create(path.clone(), batch.schema(), &[])?;
             f.write(&batch)?;
             f.finish()?;
             written.push(path);
@@ -247,7 +251,7 @@ fn export_one(
     }
     let batch = runs::runs_batch(trace, &profile, events)?;
     let path = files::table_path(dir, "runs", run, rank);
-    let mut f = files::ParquetFile::create(path.clone(), batch.schema())?;
+    let mut f = files::ParquetFile::create(path.clone(), batch.schema(), &[])?;
     f.write(&batch)?;
     f.finish()?;
     written.push(path);
