@@ -187,3 +187,22 @@ def test_a_dataset_of_another_version_is_refused(tmp_path):
     assert proc.returncode == 2
     assert "schema version 2" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_queries_give_the_same_answers_on_datafusion(dataset):
+    pa = pytest.importorskip("pyarrow", reason="DataFusion's Python API takes pyarrow types")
+    datafusion = pytest.importorskip("datafusion", reason="the optional second engine")
+    ctx = datafusion.SessionContext()
+    for table in ["runs", "events", "stacks", "functions", "epochs"]:
+        ctx.register_parquet(
+            table,
+            f"{dataset}/{table}/",
+            table_partition_cols=[("run", pa.string()), ("rank", pa.int32())],
+        )
+    con = connect(dataset)
+
+    def answer(result: list) -> list:
+        return sorted(tuple(str(v) for v in r.values()) for r in result)
+
+    for sql in sql_blocks("sql"):
+        assert answer(ctx.sql(sql).to_pylist()) == answer(rows(con, sql)), sql
