@@ -578,56 +578,52 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Export {
             traces,
-            format: ExportFormat::Parquet,
-            output,
-            tables,
-            run_id,
-            allow_incomplete,
-            ..
-        } => export_parquet(&traces, &output, tables, run_id, allow_incomplete)?,
-        Command::Export {
-            traces,
             format,
             output,
             metric,
             points,
-            ..
-        } => {
-            let mut sink = Sink::create(&output)?;
-            match format {
-                ExportFormat::Chrome => {
-                    let loaded = term::load_traces(
-                        &traces,
-                        ReplayOptions {
-                            series_points: points,
-                            ..ReplayOptions::default()
-                        },
-                    )?;
-                    let pairs: Vec<(&Trace, &Profile)> =
-                        loaded.traces.iter().zip(&loaded.profiles).collect();
-                    export::chrome(&pairs, &mut sink)?;
-                }
-                ExportFormat::Folded => {
-                    let profile =
-                        Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
-                    for line in flamegraph::folded(&profile, metric) {
-                        writeln!(sink, "{line}")?;
-                    }
-                }
-                ExportFormat::Json => {
-                    anyhow::ensure!(
-                        traces.len() == 1,
-                        "export --format json takes one trace (got {}); export each on its own",
-                        traces.len()
-                    );
-                    let opened = load::open_all(&traces)?;
-                    opened.warnings.iter().for_each(term::warn);
-                    export::jsonl(&opened.traces[0], &mut sink)?;
-                }
-                ExportFormat::Parquet => unreachable!("exported above"),
+            tables,
+            run_id,
+            allow_incomplete,
+        } => match format {
+            ExportFormat::Chrome => {
+                let loaded = term::load_traces(
+                    &traces,
+                    ReplayOptions {
+                        series_points: points,
+                        ..ReplayOptions::default()
+                    },
+                )?;
+                let pairs: Vec<(&Trace, &Profile)> =
+                    loaded.traces.iter().zip(&loaded.profiles).collect();
+                let mut sink = Sink::create(&output)?;
+                export::chrome(&pairs, &mut sink)?;
+                sink.finish()?;
             }
-            sink.finish()?;
-        }
+            ExportFormat::Folded => {
+                let profile = Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
+                let mut sink = Sink::create(&output)?;
+                for line in flamegraph::folded(&profile, metric) {
+                    writeln!(sink, "{line}")?;
+                }
+                sink.finish()?;
+            }
+            ExportFormat::Json => {
+                anyhow::ensure!(
+                    traces.len() == 1,
+                    "export --format json takes one trace (got {}); export each on its own",
+                    traces.len()
+                );
+                let opened = load::open_all(&traces)?;
+                opened.warnings.iter().for_each(term::warn);
+                let mut sink = Sink::create(&output)?;
+                export::jsonl(&opened.traces[0], &mut sink)?;
+                sink.finish()?;
+            }
+            ExportFormat::Parquet => {
+                export_parquet(&traces, &output, tables, run_id, allow_incomplete)?
+            }
+        },
         Command::Report { input } => {
             let opts = ReportOptions::default();
             let v = computed(&input, |p| report::compute(p, &opts))?;

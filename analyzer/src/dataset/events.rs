@@ -157,6 +157,14 @@ impl<'a> Stream<'a> {
         s
     }
 
+    /// A stream of events already read (the marks, which are few and sorted up front).
+    fn of_events(trace: &'a Trace, events: Box<dyn Iterator<Item = Event> + 'a>) -> Self {
+        let mut s = Stream::new(trace, Vec::new(), None);
+        s.events = events;
+        s.advance();
+        s
+    }
+
     fn advance(&mut self) {
         loop {
             if let Some(e) = self.events.next() {
@@ -461,10 +469,7 @@ fn streams<'a>(trace: &'a Trace, progress: Option<&'a AtomicU64>) -> Vec<Stream<
             Ordering::Relaxed,
         );
     }
-    let mut mark_stream = Stream::new(trace, Vec::new(), None);
-    mark_stream.events = Box::new(marks.into_iter());
-    mark_stream.advance();
-    out.push(mark_stream);
+    out.push(Stream::of_events(trace, Box::new(marks.into_iter())));
     out.extend(
         by_thread(ChunkKind::Scope)
             .into_iter()
