@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -28,13 +27,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed(cmd: list) -> tuple:
-    """(seconds, peak RSS in MB of the child) of one run."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """(seconds, peak RSS in MB) of one run of `cmd`."""
     t = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
     s = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return s, max(after, before) / 1024
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, cmd)
+    return s, usage.ru_maxrss / 1024
 
 
 def dir_bytes(d: Path) -> int:
@@ -97,7 +98,7 @@ def large_trace(exe: str, trace: Path, runs: int) -> None:
         f"| `export --format parquet --tables summary` | {summary[0]:.2f} s | "
         f"{events / summary[0] / 1e6:.0f} | {summary_bytes / 1e3:.0f} KB |"
     )
-    print(f"peak RSS (largest child so far): {export[1]:.0f} MB")
+    print(f"peak RSS: report {report[1]:.0f} MB, export {export[1]:.0f} MB")
 
 
 def query_time(con, sql: str, runs: int) -> tuple:
