@@ -479,3 +479,74 @@ fn a_damaged_trace_is_refused_before_anything_is_written() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("poolsight: warning:"), "{stderr}");
 }
+
+/// A trace of several row groups from two threads racing: the rows come out in one time
+/// order, numbered without a gap, and the running sum over them is `info`'s peak.
+#[test]
+fn a_large_two_thread_trace_exports_in_order_across_row_groups() {
+    use poolsight::recorder::{MemKind, MemRecord, Recorder, RecorderConfig};
+
+    const PAIRS: u64 = 200_000;
+    let dir = scratch("large");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let path = dir.join("two-threads.pstrace");
+    let rec = Recorder::create(&path, RecorderConfig::default()).expect("create");
+    std::thread::scope(|s| {
+        for t in 1..=2u64 {
+            let h = rec.handle();
+            s.spawn(move || {
+                let record = |kind, ptr, bytes| {
+                    h.record_mem(MemRecord {
+                        kind,
+                        device: 0,
+                        stream: 0,
+                        ptr,
+                        bytes,
+                        stack: 0,
+                        pmem: 0,
+                    })
+                };
+                for i in 0..PAIRS {
+                    let ptr = (t << 40) | (i + 1);
+                    record(MemKind::MallocPost, ptr, 512 * (1 + i % 7));
+                    record(MemKind::FreePost, ptr, 512 * (1 + i % 7));
+                }
+            });
+        }
+    });
+    rec.finish().expect("finish");
+    let traces = dataset::open(&[&path], false).expect("open");
+    let out = dir.join("dataset");
+    let written = dataset::export(&traces, &out, &ExportOptions::default()).expect("export");
+    let profile = replay(&traces[0], 0, &ReplayOptions::default());
+    let mut expected = info::info(&traces[0]);
+    info::add_replay(&mut expected, &profile);
+
+    let file = File::open(&written[0].files[0]).expect("events file");
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("footer");
+    assert!(reader.metadata().num_row_groups() > 1, "several row groups");
+    let (mut seq, mut last_ns, mut used, mut peak) = (0i64, 0i64, 0i64, 0i64);
+    for batch in reader.build().expect("reader") {
+        let b = batch.expect("batch");
+        let (seqs, ns, kinds, sizes) = (
+            int(&b, "seq"),
+            int(&b, "ts_ns"),
+            strs(&b, "kind"),
+            int(&b, "mem_size"),
+        );
+        for i in 0..b.num_rows() {
+            assert_eq!(seqs[i], seq, "seq has no gap");
+            assert!(ns[i] >= last_ns, "time order at seq {seq}");
+            (seq, last_ns) = (seq + 1, ns[i]);
+            used += if kinds[i] == "malloc_post" {
+                sizes[i]
+            } else {
+                -sizes[i]
+            };
+            peak = peak.max(used);
+        }
+    }
+    assert_eq!(seq as u64, expected.total_events);
+    assert_eq!(seq as u64, 4 * PAIRS);
+    assert_eq!(peak as u64, expected.pool.expect("pool").peak_used_bytes);
+}

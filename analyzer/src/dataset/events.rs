@@ -21,8 +21,11 @@ use super::ExportError;
 use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
 use crate::reader::{ChunkInfo, ChunkKind, Trace};
 
-/// Rows per Arrow batch handed to the Parquet writer.
-const BATCH_ROWS: usize = 1 << 16;
+/// Rows per Arrow batch, each one row group of the `events` file: large enough for good
+/// compression and few column chunks, small enough that engines pruning on `seq` or `ts_ns`
+/// skip most of a large file, and small enough that the batch being merged and the one being
+/// encoded (about 30 MB each) keep the export's memory near 100 MB whatever the trace's size.
+const BATCH_ROWS: usize = 1 << 18;
 
 /// A damaged trace could hold a stack that names itself as an ancestor; real stacks are
 /// interned parent first (a parent id is smaller), and deeper chains are cut.
@@ -138,7 +141,7 @@ struct Stream<'a> {
     trace: &'a Trace,
     chunks: std::vec::IntoIter<&'a ChunkInfo>,
     current: Option<&'a ChunkInfo>,
-    events: Box<dyn Iterator<Item = Event> + 'a>,
+    events: Box<dyn Iterator<Item = Event> + Send + 'a>,
     head: Option<Event>,
     progress: Option<&'a AtomicU64>,
 }
@@ -158,7 +161,7 @@ impl<'a> Stream<'a> {
     }
 
     /// A stream of events already read (the marks, which are few and sorted up front).
-    fn of_events(trace: &'a Trace, events: Box<dyn Iterator<Item = Event> + 'a>) -> Self {
+    fn of_events(trace: &'a Trace, events: Box<dyn Iterator<Item = Event> + Send + 'a>) -> Self {
         let mut s = Stream::new(trace, Vec::new(), None);
         s.events = events;
         s.advance();
@@ -187,7 +190,10 @@ impl<'a> Stream<'a> {
     }
 }
 
-fn chunk_events<'a>(trace: &'a Trace, c: &'a ChunkInfo) -> Box<dyn Iterator<Item = Event> + 'a> {
+fn chunk_events<'a>(
+    trace: &'a Trace,
+    c: &'a ChunkInfo,
+) -> Box<dyn Iterator<Item = Event> + Send + 'a> {
     let thread = c.thread;
     match c.kind {
         ChunkKind::Mem => {
@@ -387,46 +393,68 @@ pub fn write_events(
     out: &mut ParquetFile,
     progress: Option<&AtomicU64>,
 ) -> Result<u64, ExportError> {
-    let mut streams = streams(trace, progress);
-    let mut cols = EventColumns::new();
-    let mut seq = 0u64;
-    let mut open_epoch: Option<u64> = None;
-    loop {
-        // Threads are few: a scan of the heads beats a heap. Ties go to the first stream,
-        // and streams are ordered memory, marks, scopes, each by thread.
-        let mut best: Option<(usize, (u64, u8, u32))> = None;
-        for (i, s) in streams.iter().enumerate() {
-            if let Some(e) = &s.head {
-                let k = e.key();
-                if best.is_none_or(|(_, bk)| k < bk) {
-                    best = Some((i, k));
+    let mut merge = Merge {
+        trace,
+        streams: streams(trace, progress),
+        seq: 0,
+        open_epoch: None,
+    };
+    // The next batch is merged while the last one is encoded.
+    let mut batch = merge.next_batch()?;
+    while let Some(b) = batch {
+        let (written, next) = rayon::join(|| out.write(&b), || merge.next_batch());
+        written?;
+        batch = next?;
+    }
+    Ok(merge.seq)
+}
+
+/// The k-way merge of a trace's event streams, in `seq` order.
+struct Merge<'a> {
+    trace: &'a Trace,
+    streams: Vec<Stream<'a>>,
+    seq: u64,
+    open_epoch: Option<u64>,
+}
+
+impl Merge<'_> {
+    /// Up to [`BATCH_ROWS`] next events as a batch; None once every event is out.
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>, ExportError> {
+        let mut cols = EventColumns::new();
+        while cols.rows < BATCH_ROWS {
+            // Threads are few: a scan of the heads beats a heap. Ties go to the first
+            // stream, and streams are ordered memory, marks, scopes, each by thread.
+            let mut best: Option<(usize, (u64, u8, u32))> = None;
+            for (i, s) in self.streams.iter().enumerate() {
+                if let Some(e) = &s.head {
+                    let k = e.key();
+                    if best.is_none_or(|(_, bk)| k < bk) {
+                        best = Some((i, k));
+                    }
                 }
             }
+            let Some((i, _)) = best else { break };
+            let Some(e) = self.streams[i].head else { break };
+            self.streams[i].advance();
+            let epoch = match e.kind {
+                EPOCH_BEGIN => {
+                    self.open_epoch = Some(e.aux);
+                    self.open_epoch
+                }
+                EPOCH_END => {
+                    self.open_epoch = None;
+                    Some(e.aux)
+                }
+                _ => self.open_epoch,
+            };
+            cols.push(self.trace, self.seq, &e, epoch);
+            self.seq += 1;
         }
-        let Some((i, _)) = best else { break };
-        let Some(e) = streams[i].head else { break };
-        streams[i].advance();
-        let epoch = match e.kind {
-            EPOCH_BEGIN => {
-                open_epoch = Some(e.aux);
-                open_epoch
-            }
-            EPOCH_END => {
-                open_epoch = None;
-                Some(e.aux)
-            }
-            _ => open_epoch,
-        };
-        cols.push(trace, seq, &e, epoch);
-        seq += 1;
-        if cols.rows == BATCH_ROWS {
-            out.write(&cols.batch().map_err(arrow_error)?)?;
+        if cols.rows == 0 {
+            return Ok(None);
         }
+        cols.batch().map(Some).map_err(arrow_error)
     }
-    if cols.rows > 0 {
-        out.write(&cols.batch().map_err(arrow_error)?)?;
-    }
-    Ok(seq)
 }
 
 fn arrow_error(e: arrow_schema::ArrowError) -> ExportError {

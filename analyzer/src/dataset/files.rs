@@ -9,11 +9,14 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
+use rayon::prelude::*;
 
 use super::{ExportError, SCHEMA_VERSION};
 
@@ -23,10 +26,6 @@ pub const MARKER: &str = "_poolsight_dataset.json";
 
 /// Parquet key-value metadata key carrying the schema version in every file.
 pub const VERSION_KEY: &str = "poolsight.schema_version";
-
-/// Rows per row group: large enough for good compression and few footers, small enough that
-/// an engine's min/max pruning on `seq` and `ts_ns` skips most of a large file.
-const ROW_GROUP_ROWS: usize = 1 << 20;
 
 /// Makes `dir` ready to receive this schema version: created when missing; an empty
 /// directory gets the marker; a non-empty one must already hold this version's marker.
@@ -85,11 +84,15 @@ pub fn table_path(dir: &Path, table: &str, run: &str, rank: u32) -> PathBuf {
 }
 
 /// A Parquet file being written: zstd, the schema version in its metadata, under a hidden
-/// temporary name until [`ParquetFile::finish`] renames it.
+/// temporary name until [`ParquetFile::finish`] renames it. Each batch written is one row
+/// group, its columns encoded and compressed in parallel (most of an export's CPU time).
 pub struct ParquetFile {
     path: PathBuf,
     tmp: PathBuf,
-    writer: Option<ArrowWriter<BufWriter<File>>>,
+    writer: Option<SerializedFileWriter<BufWriter<File>>>,
+    columns: Option<ArrowRowGroupWriterFactory>,
+    schema: SchemaRef,
+    row_groups: usize,
 }
 
 impl ParquetFile {
@@ -118,7 +121,6 @@ impl ParquetFile {
         }
         let props = props
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .set_created_by(format!("poolsight {}", env!("CARGO_PKG_VERSION")))
             .set_key_value_metadata(Some(vec![KeyValue::new(
                 VERSION_KEY.to_string(),
@@ -129,20 +131,51 @@ impl ParquetFile {
             path,
             tmp,
             writer: None,
+            columns: None,
+            schema: schema.clone(),
+            row_groups: 0,
         };
-        let writer =
+        // ArrowWriter sets the file up (the Parquet schema, the Arrow schema in the metadata);
+        // its lower-level parts then let the columns be encoded in parallel.
+        let (writer, columns) =
             ArrowWriter::try_new(BufWriter::with_capacity(1 << 20, file), schema, Some(props))
+                .and_then(|w| w.into_serialized_writer())
                 .map_err(|e| out.parquet_error(e))?;
         out.writer = Some(writer);
+        out.columns = Some(columns);
         Ok(out)
     }
 
+    /// Writes the batch as one row group.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), ExportError> {
-        let result = match self.writer.as_mut() {
-            Some(w) => w.write(batch),
-            None => return Ok(()),
-        };
+        let result = self.write_row_group(batch);
         result.map_err(|e| self.parquet_error(e))
+    }
+
+    fn write_row_group(&mut self, batch: &RecordBatch) -> parquet::errors::Result<()> {
+        let (Some(writer), Some(columns)) = (self.writer.as_mut(), self.columns.as_ref()) else {
+            return Ok(());
+        };
+        let mut leaves = Vec::new();
+        for (field, array) in self.schema.fields().iter().zip(batch.columns()) {
+            leaves.extend(compute_leaves(field, array)?);
+        }
+        let chunks = columns
+            .create_column_writers(self.row_groups)?
+            .into_par_iter()
+            .zip(leaves)
+            .map(|(mut w, leaf)| {
+                w.write(&leaf)?;
+                w.close()
+            })
+            .collect::<parquet::errors::Result<Vec<ArrowColumnChunk>>>()?;
+        let mut row_group = writer.next_row_group()?;
+        for chunk in chunks {
+            chunk.append_to_row_group(&mut row_group)?;
+        }
+        row_group.close()?;
+        self.row_groups += 1;
+        Ok(())
     }
 
     /// Writes the footer, then gives the file its real name.
