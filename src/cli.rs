@@ -13,7 +13,7 @@ use poolsight::analyzer::functions::{self, Unit};
 use poolsight::analyzer::report::{self, ReportOptions};
 use poolsight::analyzer::timers::{self, TimeUnit, Which};
 use poolsight::analyzer::{
-    epochs, export, html, info, lines, load, timeline, Profile, ReplayOptions, Trace,
+    dataset, epochs, export, html, info, lines, load, timeline, Profile, ReplayOptions, Trace,
 };
 
 use crate::demo::{DemoDevice, DemoOptions};
@@ -37,6 +37,18 @@ enum ExportFormat {
     Folded,
     #[value(alias = "jsonl")]
     Json,
+    Parquet,
+}
+
+/// `export --format parquet --tables`: which tables go into the dataset.
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+enum ParquetTables {
+    /// events and stacks (every event)
+    Events,
+    /// functions, lines, timers, epochs (the reports as rows)
+    Summary,
+    /// both
+    All,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -199,20 +211,32 @@ enum Command {
         #[arg(long)]
         title: Option<String>,
     },
-    /// Convert a trace for other tools: Perfetto/Chrome, folded stacks, JSON Lines.
+    /// Convert a trace for other tools: Perfetto/Chrome, folded stacks, JSON Lines, Parquet.
     ///
     /// chrome (Perfetto / chrome://tracing: scopes as slices, pool bytes as counters, epochs,
     /// OOMs), folded (stack-collapsed lines for any flamegraph tool), json (JSON Lines: stacks,
-    /// then every event, for pandas and jq).
+    /// then every event, for pandas and jq), parquet (a dataset directory partitioned by run
+    /// and rank, for DuckDB, DataFusion, Spark; see docs/parquet.md).
     Export {
-        /// Trace file(s); chrome and folded merge several, json takes one.
+        /// Trace file(s); chrome and folded merge several, json takes one, parquet exports
+        /// each (in parallel) into one dataset.
         #[arg(required = true)]
         traces: Vec<PathBuf>,
         #[arg(long, value_enum)]
         format: ExportFormat,
-        /// Where to write ("-" for stdout).
+        /// Where to write ("-" for stdout); parquet: the dataset's directory.
         #[arg(short, long)]
         output: PathBuf,
+        /// parquet: which tables to write.
+        #[arg(long, value_enum, default_value_t = ParquetTables::Events)]
+        tables: ParquetTables,
+        /// parquet: the run id of every trace given (a scheduler's job id, say) instead of
+        /// the one computed from the headers.
+        #[arg(long)]
+        run_id: Option<String>,
+        /// parquet: export damaged traces as far as they are readable instead of refusing.
+        #[arg(long)]
+        allow_incomplete: bool,
         /// folded: which amount the counts are.
         #[arg(long, default_value = "used", value_parser = parse_metric)]
         metric: Metric,
@@ -611,41 +635,48 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             output,
             metric,
             points,
-        } => {
-            let mut sink = Sink::create(&output)?;
-            match format {
-                ExportFormat::Chrome => {
-                    let loaded = term::load_traces(
-                        &traces,
-                        ReplayOptions {
-                            series_points: points,
-                            ..ReplayOptions::default()
-                        },
-                    )?;
-                    let pairs: Vec<(&Trace, &Profile)> =
-                        loaded.traces.iter().zip(&loaded.profiles).collect();
-                    export::chrome(&pairs, &mut sink)?;
-                }
-                ExportFormat::Folded => {
-                    let profile =
-                        Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
-                    for line in flamegraph::folded(&profile, metric) {
-                        writeln!(sink, "{line}")?;
-                    }
-                }
-                ExportFormat::Json => {
-                    anyhow::ensure!(
-                        traces.len() == 1,
-                        "export --format json takes one trace (got {}); export each on its own",
-                        traces.len()
-                    );
-                    let opened = load::open_all(&traces)?;
-                    opened.warnings.iter().for_each(term::warn);
-                    export::jsonl(&opened.traces[0], &mut sink)?;
-                }
+            tables,
+            run_id,
+            allow_incomplete,
+        } => match format {
+            ExportFormat::Chrome => {
+                let loaded = term::load_traces(
+                    &traces,
+                    ReplayOptions {
+                        series_points: points,
+                        ..ReplayOptions::default()
+                    },
+                )?;
+                let pairs: Vec<(&Trace, &Profile)> =
+                    loaded.traces.iter().zip(&loaded.profiles).collect();
+                let mut sink = Sink::create(&output)?;
+                export::chrome(&pairs, &mut sink)?;
+                sink.finish()?;
             }
-            sink.finish()?;
-        }
+            ExportFormat::Folded => {
+                let profile = Profile::merge(term::load_profiles(&traces, metric == Metric::Peak)?);
+                let mut sink = Sink::create(&output)?;
+                for line in flamegraph::folded(&profile, metric) {
+                    writeln!(sink, "{line}")?;
+                }
+                sink.finish()?;
+            }
+            ExportFormat::Json => {
+                anyhow::ensure!(
+                    traces.len() == 1,
+                    "export --format json takes one trace (got {}); export each on its own",
+                    traces.len()
+                );
+                let opened = load::open_all(&traces)?;
+                opened.warnings.iter().for_each(term::warn);
+                let mut sink = Sink::create(&output)?;
+                export::jsonl(&opened.traces[0], &mut sink)?;
+                sink.finish()?;
+            }
+            ExportFormat::Parquet => {
+                export_parquet(&traces, &output, tables, run_id, allow_incomplete)?
+            }
+        },
         Command::Report { input, table } => {
             let section = match (input.format, table) {
                 (Format::Csv, Some(t)) => t,
@@ -697,6 +728,56 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Exports the traces into a Parquet dataset, in parallel, with a progress bar; one line per
+/// trace written.
+fn export_parquet(
+    traces: &[PathBuf],
+    dir: &Path,
+    tables: ParquetTables,
+    run_id: Option<String>,
+    allow_incomplete: bool,
+) -> anyhow::Result<()> {
+    for p in traces {
+        term::check_trace_path(p)?;
+    }
+    let opened = dataset::open(traces, allow_incomplete)?;
+    for t in &opened {
+        for w in &t.warnings {
+            term::warn(&load::LoadWarning {
+                path: t.path.clone(),
+                warning: w.clone(),
+            });
+        }
+    }
+    let total = dataset::progress_total(&opened);
+    let written = term::with_progress("exporting", total, |progress| {
+        let opts = dataset::ExportOptions {
+            tables: match tables {
+                ParquetTables::Events => dataset::Tables::Events,
+                ParquetTables::Summary => dataset::Tables::Summary,
+                ParquetTables::All => dataset::Tables::All,
+            },
+            run_id,
+            allow_incomplete,
+            progress: Some(progress),
+        };
+        dataset::export(&opened, dir, &opts)
+    })?;
+    for w in &written {
+        eprintln!(
+            "poolsight: exported {} as run {} rank {}: {} events, {} files, {} bytes",
+            w.path.display(),
+            w.run,
+            w.rank,
+            w.events,
+            w.files.len(),
+            w.bytes
+        );
+    }
+    term::wrote(dir);
+    Ok(())
 }
 
 /// Replays the traces (with the bytes live at the peak) and writes their HTML report.

@@ -64,9 +64,19 @@ pub fn replay_traces(traces: &[Trace], opts: ReplayOptions) -> Vec<Profile> {
         progress: Some(Arc::clone(&bar.done)),
         ..opts
     };
-    let profiles = load::replay_all(traces, &opts, |total| bar.begin(total));
+    let profiles = load::replay_all(traces, &opts, |total| bar.begin("replaying", total));
     bar.finish();
     profiles
+}
+
+/// Runs `work` with a progress bar counting up to `total` (shown as [`replay_traces`] shows
+/// its own); `work` gets the counter to add to.
+pub fn with_progress<T>(label: &str, total: u64, work: impl FnOnce(Arc<AtomicU64>) -> T) -> T {
+    let mut bar = ProgressBar::new();
+    bar.begin(label, total);
+    let result = work(Arc::clone(&bar.done));
+    bar.finish();
+    result
 }
 
 pub fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
@@ -79,7 +89,7 @@ pub fn wrote(path: &Path) {
     eprintln!("poolsight: wrote {}", path.display());
 }
 
-/// A progress bar on stderr while replaying, only when stderr is a terminal and the work is
+/// A progress bar on stderr while replaying or exporting, only when stderr is a terminal and the work is
 /// big enough to notice; silent otherwise (CI logs, pipes).
 struct ProgressBar {
     done: Arc<AtomicU64>,
@@ -99,18 +109,18 @@ impl ProgressBar {
     }
 
     /// Shows the bar, once the total is known, if it is worth one.
-    fn begin(&mut self, total: u64) {
+    fn begin(&mut self, label: &str, total: u64) {
         if !std::io::stderr().is_terminal() || total < PROGRESS_MIN_BYTES {
             return;
         }
         let (done, finished) = (Arc::clone(&self.done), Arc::clone(&self.finished));
+        let template =
+            format!("{label} {{bar:40}} {{bytes}}/{{total_bytes}} ({{bytes_per_sec}}, {{eta}})");
         self.thread = Some(std::thread::spawn(move || {
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "replaying {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(&template)
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             while !finished.load(Ordering::Relaxed) {
                 bar.set_position(done.load(Ordering::Relaxed).min(total));

@@ -33,6 +33,7 @@ const COMMANDS: &[&[&str]] = &[
     &["export", "--format", "chrome", "-o", "OUT"],
     &["export", "--format", "folded", "-o", "OUT"],
     &["export", "--format", "json", "-o", "OUT"],
+    &["export", "--format", "parquet", "-o", "OUTDIR"],
 ];
 
 struct Outcome {
@@ -43,11 +44,14 @@ struct Outcome {
 
 fn run(args: &[&str], trace: &Path) -> Outcome {
     let out_path = scratch("out");
+    let out_dir = scratch("dataset");
     let args: Vec<String> = args
         .iter()
         .map(|a| {
             if *a == "OUT" {
                 out_path.display().to_string()
+            } else if *a == "OUTDIR" {
+                out_dir.display().to_string()
             } else {
                 a.to_string()
             }

@@ -4,6 +4,7 @@
 //! apart from the computation.
 
 pub mod csv;
+pub mod dataset;
 pub mod diff;
 pub mod epochs;
 pub mod export;
