@@ -59,4 +59,4 @@ echo "== browser tests of the HTML report (headless Chromium; skipped with a rea
 scripts/browser-tests.sh
 
 echo "== pytest"
-"$VENV/bin/python" -m pytest -q python/tests
+"$VENV/bin/python" -m pytest -q -rs python/tests
