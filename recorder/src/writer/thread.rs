@@ -202,6 +202,7 @@ impl MemRecord {
 
 /// The writers of this thread, one per recorder it recorded to; usually exactly one. Boxed, so
 /// that [`LAST`] can point at one while the list changes.
+#[allow(clippy::vec_box)] // the boxes are the point: a pushed writer must not move the others
 struct Writers(Vec<Box<ThreadWriter>>);
 
 impl Drop for Writers {
