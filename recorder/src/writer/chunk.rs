@@ -156,10 +156,10 @@ pub(crate) fn write_sealed(file: &MappedFile, region: &Region, bytes: &[u8], seq
 }
 
 /// How far ahead of the event being written its cache line is asked for (`prefetchw` where the
-/// build targets it, `prefetcht0` otherwise). The chunk's lines are not in the core's caches (the preparer faulted the
-/// pages in long before), so each first store to a line waits for it; asking 512 bytes (16
-/// events) ahead hides that wait behind the events in between: 3–4 ns per event measured. A
-/// prefetch never faults, so one past the region's end is harmless.
+/// build targets it, `prefetcht0` otherwise). The chunk's lines are not in the core's caches
+/// (the preparer faulted the pages in long before), so each first store to a line waits for
+/// it; asking 512 bytes (16 events) ahead hides that wait behind the events in between: 3–4 ns
+/// per event measured. A prefetch never faults, so one past the region's end is harmless.
 const PREFETCH_AHEAD: usize = 512;
 
 /// A chunk being filled by one thread.
