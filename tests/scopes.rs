@@ -169,3 +169,37 @@ fn stacks_are_per_thread_and_per_recorder() {
     drop(s2);
     drop(s1);
 }
+
+#[test]
+fn a_name_buffer_reused_with_other_bytes_is_another_scope() {
+    // Guards remember the scopes a site opened lately; a caller that formats names into one
+    // buffer hands in the same address with other bytes, and must get the scope those bytes name.
+    let rec = recorder("scopes-reused-buffer");
+    let h = rec.handle();
+    let mut names: Vec<(String, u32)> = Vec::new();
+    let mut buf = String::with_capacity(32);
+    for word in [
+        "layer0",
+        "layer1",
+        "layer0",
+        "x",
+        "y",
+        "abcdefghijk",
+        "abcdefghijK",
+        "Abcdefghijk",
+    ] {
+        buf.clear();
+        buf.push_str(word);
+        let stack = h.scope(&buf).stack();
+        names.push((word.to_owned(), stack));
+    }
+    let path = h.path();
+    rec.finish().expect("finish");
+
+    let t = Trace::read(&path);
+    for (word, stack) in &names {
+        assert_eq!(t.names(*stack), [word.as_str()], "{word}");
+    }
+    assert_eq!(names[0].1, names[2].1, "layer0 twice is one scope");
+    assert_eq!(t.stacks.len(), 7, "seven distinct names at one site");
+}

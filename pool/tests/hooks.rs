@@ -749,3 +749,43 @@ fn zero_size_fires_malloc_hooks_only() {
     ));
     assert_eq!(pool.total_bytes(), 0);
 }
+
+#[test]
+fn a_thread_sees_registration_changes_at_its_next_operation() {
+    // The list of hooks a thread uses is cached; every change, local or global, must show at
+    // the next pool operation.
+    let _lock = global_lock();
+    const DEV: u32 = 902;
+    let pool = host_pool(DEV, 1 << 20);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let seen = |log: &Arc<Mutex<Vec<(&'static str, Ev)>>>| -> Vec<&'static str> {
+        let mut l = log.lock().unwrap();
+        let names = l
+            .iter()
+            .filter(|(_, e)| e.device_id() == DEV && e.name() == "malloc_post")
+            .map(|(l, _)| *l)
+            .collect();
+        l.clear();
+        names
+    };
+    let local = hooks::register(Recorder::shared("local", log.clone()));
+    drop(pool.malloc(100).unwrap());
+    drop(pool.malloc(100).unwrap());
+    assert_eq!(seen(&log), ["local", "local"]);
+    let global = hooks::register_global(Recorder::shared("global", log.clone()));
+    drop(pool.malloc(100).unwrap());
+    assert_eq!(seen(&log), ["local", "global"]);
+    drop(global);
+    drop(pool.malloc(100).unwrap());
+    assert_eq!(seen(&log), ["local"]);
+    let second = hooks::register(Recorder::shared("second", log.clone()));
+    drop(pool.malloc(100).unwrap());
+    assert_eq!(seen(&log), ["local", "second"]);
+    drop(local);
+    drop(pool.malloc(100).unwrap());
+    assert_eq!(seen(&log), ["second"]);
+    drop(second);
+    drop(pool.malloc(100).unwrap());
+    assert!(seen(&log).is_empty());
+    assert!(hooks::current().is_none());
+}

@@ -106,6 +106,53 @@ struct Context {
     sites: FxMap<(u32, usize), u32>,
     /// The malloc hooks of one allocation ask for the same site two to four times in a row.
     last_site: (u32, usize, u32),
+    /// Guards opened lately, by call site; in front of `scopes`.
+    recent: [Recent; RECENT],
+}
+
+/// Slots of [`Context::recent`]. A training step opens a handful of guard sites over and over;
+/// 32 slots indexed by the site's address keep them apart.
+const RECENT: usize = 32;
+
+/// A guard scope opened lately: a hit is a few compares of integers and of the name's bytes, no
+/// hash and no call, where the `scopes` map costs a hash, a probe and a `memcmp`.
+#[derive(Clone, Copy)]
+struct Recent {
+    /// 0: empty.
+    site: usize,
+    parent: u32,
+    kind: FrameKind,
+    phase: Phase,
+    stack: u32,
+    /// The name, as the `Box<str>` kept in `scopes` holds it: that buffer is never freed nor
+    /// moved while the context lives (entries are only added).
+    name: *const u8,
+    len: usize,
+}
+
+const EMPTY_RECENT: Recent = Recent {
+    site: 0,
+    parent: 0,
+    kind: FrameKind::Scope,
+    phase: Phase::None,
+    stack: 0,
+    name: std::ptr::null(),
+    len: 0,
+};
+
+/// Equality of two byte strings of the same length, inlined for the short names scopes have:
+/// two overlapping word compares instead of a call to `memcmp`.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    debug_assert_eq!(n, b.len());
+    let word = |s: &[u8], at: usize| u64::from_le_bytes(s[at..at + 8].try_into().unwrap_or([0; 8]));
+    let half = |s: &[u8], at: usize| u32::from_le_bytes(s[at..at + 4].try_into().unwrap_or([0; 4]));
+    match n {
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        4..=7 => half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4),
+        _ => a == b,
+    }
 }
 
 /// Contexts of recorders this thread no longer uses are dropped beyond this many (their caches
@@ -162,6 +209,7 @@ fn find_or_insert(list: &mut Vec<Context>, recorder: u64) -> usize {
                 names: FxMap::default(),
                 sites: FxMap::default(),
                 last_site: (0, 0, 0),
+                recent: [EMPTY_RECENT; RECENT],
             });
             list.len() - 1
         }
@@ -244,17 +292,53 @@ impl Context {
             kind,
             phase,
         };
+        // `Location`s are 8-aligned and at least 24 bytes apart.
+        let slot = (key.site >> 3) % RECENT;
+        let r = self.recent[slot];
+        if r.site == key.site
+            && r.parent == key.parent
+            && r.kind == kind
+            && r.phase == phase
+            && r.len == name.len()
+            // SAFETY: `r.name` points at `r.len` bytes of a name kept in `scopes` (see `Recent`).
+            && same_bytes(unsafe { std::slice::from_raw_parts(r.name, r.len) }, name.as_bytes())
+        {
+            return r.stack;
+        }
+        self.site_scope_slow(handle, key, name, site, slot)
+    }
+
+    #[inline(never)]
+    fn site_scope_slow(
+        &mut self,
+        handle: &Handle,
+        key: ScopeKey,
+        name: &str,
+        site: &'static Location<'static>,
+        slot: usize,
+    ) -> u32 {
         let cached = self
             .scopes
             .get(&key)
             .and_then(|v| v.iter().find(|(n, _)| &**n == name))
-            .map(|&(_, id)| id);
-        match cached {
-            Some(id) => id,
+            .map(|(n, id)| (n.as_ptr(), *id));
+        let (kept, stack) = match cached {
+            Some(hit) => hit,
             None => self.intern_site_scope(handle, key, name, site),
-        }
+        };
+        self.recent[slot] = Recent {
+            site: key.site,
+            parent: key.parent,
+            kind: key.kind,
+            phase: key.phase,
+            stack,
+            name: kept,
+            len: name.len(),
+        };
+        stack
     }
 
+    /// Interns the scope and returns its stack id with the cached copy of its name.
     #[cold]
     fn intern_site_scope(
         &mut self,
@@ -262,7 +346,7 @@ impl Context {
         key: ScopeKey,
         name: &str,
         site: &'static Location<'static>,
-    ) -> u32 {
+    ) -> (*const u8, u32) {
         let frame = Frame {
             kind: key.kind,
             phase: key.phase,
@@ -271,11 +355,10 @@ impl Context {
             name: name.to_owned(),
         };
         let stack = self.intern_scope(handle, key.parent, frame);
-        self.scopes
-            .entry(key)
-            .or_default()
-            .push((name.into(), stack));
-        stack
+        let kept: Box<str> = name.into();
+        let at = kept.as_ptr();
+        self.scopes.entry(key).or_default().push((kept, stack));
+        (at, stack)
     }
 
     #[inline]

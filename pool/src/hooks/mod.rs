@@ -206,6 +206,12 @@ struct LocalRegistry {
     cache: Option<Cached>,
 }
 
+impl Drop for LocalRegistry {
+    fn drop(&mut self) {
+        forget_fast();
+    }
+}
+
 struct Cached {
     local_version: u64,
     /// [`GLOBAL_GEN`] the list was built at, or [`NO_GLOBALS`].
@@ -233,6 +239,19 @@ thread_local! {
     static LOCAL: RefCell<LocalRegistry> = const {
         RefCell::new(LocalRegistry { entries: Vec::new(), version: 0, cache: None })
     };
+    /// `LOCAL`'s cached list while it is current and not empty, with the global generation it
+    /// was built at: what [`current`] reads on every pool operation. No destructor and a
+    /// constant initializer, so reading it is one load, where `LOCAL` costs a liveness check
+    /// and a borrow. The pointer is the cache's own `Rc`, which keeps the list alive; it is
+    /// cleared whenever that cache stops being current (a local (un)registration) or goes.
+    static FAST: Cell<Option<(u64, FastList)>> = const { Cell::new(None) };
+}
+
+/// The list behind a [`HookList`], as [`FAST`] keeps it.
+type FastList = *const [Arc<dyn MemoryHook>];
+
+fn forget_fast() {
+    FAST.set(None);
 }
 
 /// Registers `hook` for the calling thread until the guard is dropped (CuPy's `with hook:`).
@@ -245,6 +264,7 @@ pub fn register(hook: Arc<dyn MemoryHook>) -> HookGuard {
         let mut l = l.borrow_mut();
         l.entries.push((id, hook));
         l.version += 1;
+        forget_fast();
     });
     let _ = LOCAL_ACTIVE.try_with(|a| a.set(true));
     HookGuard {
@@ -282,6 +302,7 @@ impl Drop for HookGuard {
             let mut l = l.borrow_mut();
             l.entries.retain(|(i, _)| *i != self.id);
             l.version += 1;
+            forget_fast();
             let active = !l.entries.is_empty();
             let _ = LOCAL_ACTIVE.try_with(|a| a.set(active));
         });
@@ -360,6 +381,25 @@ pub fn current() -> Option<HookSnapshot> {
     if !local_active && !global_active {
         return None;
     }
+    if let Some((gen, list)) = FAST.get() {
+        let now = if global_active {
+            // Acquire: pairs with the registration's release bump, so a list built at this
+            // generation holds every global hook registered before it.
+            GLOBAL_GEN.load(Ordering::Acquire)
+        } else {
+            NO_GLOBALS
+        };
+        if gen == now {
+            // SAFETY: `list` is the pointer of the `Rc` in this thread's `LOCAL` cache, which
+            // is alive: `FAST` is cleared before that cache changes or is dropped. Taking one
+            // more strong count and making an `Rc` of it is what `Rc::clone` does.
+            let list = unsafe {
+                Rc::increment_strong_count(list);
+                Rc::from_raw(list)
+            };
+            return Some(HookSnapshot { list });
+        }
+    }
     snapshot_slow(global_active)
 }
 
@@ -383,6 +423,7 @@ fn snapshot_slow(global_active: bool) -> Option<HookSnapshot> {
         let mut l = l.try_borrow_mut().ok()?;
         if let Some(c) = &l.cache {
             if c.local_version == l.version && c.global_gen == gen {
+                FAST.set((!c.list.is_empty()).then_some((gen, Rc::as_ptr(&c.list))));
                 return Some(Rc::clone(&c.list));
             }
         }
@@ -395,6 +436,7 @@ fn snapshot_slow(global_active: bool) -> Option<HookSnapshot> {
             global_gen: gen,
             list: Rc::clone(&list),
         });
+        FAST.set((!list.is_empty()).then_some((gen, Rc::as_ptr(&list))));
         Some(list)
     });
     let list = match cached {

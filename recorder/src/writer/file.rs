@@ -16,6 +16,9 @@
 //!
 //! Closing is folded into the bump counter (`CLOSED` bit), so a reservation and `close` are
 //! ordered by one atomic: a reservation either lands below the final data end or fails.
+//!
+//! The preparer thread (`prepare.rs`) keeps the file allocated and its pages faulted in ahead
+//! of both; a writer that gets ahead of it grows the file itself, as below.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -24,6 +27,7 @@ use std::sync::Mutex;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use super::prepare::{Populate, Signal, AHEAD};
 use crate::RecorderError;
 
 const CLOSED: u64 = 1 << 63;
@@ -48,6 +52,11 @@ pub(crate) struct MappedFile {
     grow_step: Mutex<u64>,
     failed: AtomicBool,
     ring: Option<Ring>,
+    /// Offset below which the bump region is allocated and faulted in (`u64::MAX` once that
+    /// reaches the size cap). Only the preparer stores it; writers read it, relaxed, as a hint
+    /// of when to wake the preparer.
+    prepared: AtomicU64,
+    signal: Signal,
 }
 
 struct Ring {
@@ -56,6 +65,10 @@ struct Ring {
     cursor: AtomicU64,
     /// Which slots a live thread is writing; process-local, the file has no say in ownership.
     owned: Box<[AtomicU8]>,
+    /// Slots the preparer keeps ready past the cursor: [`AHEAD`] bytes of them.
+    ahead: u64,
+    /// Cursor value below which the slots are faulted in; stored by the preparer only.
+    prepared: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,6 +154,8 @@ impl MappedFile {
             slot_len,
             cursor: AtomicU64::new(0),
             owned: (0..slots).map(|_| AtomicU8::new(SLOT_FREE)).collect(),
+            ahead: (AHEAD / slot_len).clamp(1, slots),
+            prepared: AtomicU64::new(0),
         });
         let mapped = MappedFile {
             path: path.to_path_buf(),
@@ -153,6 +168,8 @@ impl MappedFile {
             grow_step: Mutex::new(MIN_GROW_STEP),
             failed: AtomicBool::new(false),
             ring,
+            prepared: AtomicU64::new(0),
+            signal: Signal::new(),
         };
         mapped
             .allocate(fixed_len + MIN_GROW_STEP.min(max_bytes - fixed_len))
@@ -193,11 +210,16 @@ impl MappedFile {
         if self.has_failed() {
             return None;
         }
-        let offset = self.bump.fetch_add(len, Ordering::Relaxed);
+        // SeqCst: the preparer must see this advance if `wake` below skips the unpark
+        // (prepare.rs); on x86 it is the same `lock xadd` as a relaxed one.
+        let offset = self.bump.fetch_add(len, Ordering::SeqCst);
         if offset & CLOSED != 0 {
             return None;
         }
         let end = offset + len;
+        if end + AHEAD / 2 > self.prepared.load(Ordering::Relaxed) {
+            self.signal.wake();
+        }
         if end > self.committed.load(Ordering::Acquire) && !self.grow_to(end) {
             return None;
         }
@@ -218,7 +240,12 @@ impl MappedFile {
         let n = ring.owned.len() as u64;
         // At most one lap: if every slot is owned, there are more writer threads than slots.
         for _ in 0..n {
-            let idx = (ring.cursor.fetch_add(1, Ordering::Relaxed) % n) as usize;
+            // SeqCst: as the bump counter's advance in `reserve`, for the preparer.
+            let cursor = ring.cursor.fetch_add(1, Ordering::SeqCst);
+            if cursor + ring.ahead / 2 >= ring.prepared.load(Ordering::Relaxed) {
+                self.signal.wake();
+            }
+            let idx = (cursor % n) as usize;
             if ring.owned[idx]
                 .compare_exchange(SLOT_FREE, SLOT_OWNED, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
@@ -280,6 +307,99 @@ impl MappedFile {
         }
     }
 
+    pub(crate) fn signal(&self) -> &Signal {
+        &self.signal
+    }
+
+    /// One round of the preparer (prepare.rs): in ring mode, faults in the [`Ring::ahead`]
+    /// slots past the cursor; then allocates the bump region up to [`AHEAD`] bytes past the
+    /// bump counter, never past the size cap, and faults those pages in. Pages a writer already
+    /// went past are skipped.
+    pub(crate) fn prepare_ahead(&self, populate: &mut Populate, stop: &dyn Fn() -> bool) {
+        let page = populate.page;
+        let base = self.base();
+        if let Some(ring) = &self.ring {
+            let n = ring.owned.len() as u64;
+            // SeqCst: read after the clear of `pending` in the single total order (prepare.rs).
+            let cursor = ring.cursor.load(Ordering::SeqCst);
+            let mut next = ring.prepared.load(Ordering::Relaxed).max(cursor);
+            while next < cursor + ring.ahead && !stop() {
+                // Slots the writers already claimed are theirs: faulting them in now would only
+                // make both wait on the same pages.
+                next = next.max(ring.cursor.load(Ordering::Relaxed));
+                let start = ring.start + (next % n) * ring.slot_len;
+                // Whole pages: a neighbour's page faulted in too is harmless (content unchanged).
+                let from = start / page * page;
+                let to = (start + ring.slot_len).next_multiple_of(page);
+                populate.run(base, from, to, stop, || 0, |_| {});
+                next += 1;
+                // Release: a writer reading it only decides whether to wake us; no data rides
+                // on it, but a later value must not be seen before the pages are in.
+                ring.prepared.store(next, Ordering::Release);
+            }
+        }
+        // SeqCst: as the cursor above.
+        let bump = self.bump.load(Ordering::SeqCst);
+        if bump & CLOSED != 0 {
+            return;
+        }
+        let want = (bump + AHEAD).min(self.max_bytes);
+        let committed = self.allocate_ahead(bump);
+        // The page holding the end of the file may be faulted in whole.
+        let to = want.min(committed).next_multiple_of(page);
+        let from = self
+            .prepared
+            .load(Ordering::Relaxed)
+            .max(bump / page * page);
+        // Writers write below the bump counter only: past it, no page is being written.
+        let writer = || (self.bump.load(Ordering::Relaxed) & !CLOSED).next_multiple_of(page);
+        populate.run(base, from, to, stop, writer, |end| {
+            // Release: as for the ring's `prepared`.
+            self.prepared.store(end, Ordering::Release)
+        });
+        if !populate.supported() {
+            // Allocation ahead is all there is to do; stop writers from waking us for pages.
+            self.prepared.store(to, Ordering::Release);
+        }
+        if want == self.max_bytes
+            && committed >= want
+            && self.prepared.load(Ordering::Relaxed) >= to
+        {
+            // Nothing more can be prepared: the cap is reached.
+            self.prepared.store(u64::MAX, Ordering::Release);
+        }
+    }
+
+    /// Keeps the file allocated at least `2 x AHEAD` past `bump`, growing it by the doubling
+    /// step (never past the cap) unless it was closed or failed; returns the committed length.
+    /// Allocating twice as far as pages are faulted in means that while `posix_fallocate` runs
+    /// (it can hold the file's locks for milliseconds), writers still have prepared pages to
+    /// fill and never fault into those locks. Errors are left to the writer that later needs
+    /// the space, which reports them.
+    fn allocate_ahead(&self, bump: u64) -> u64 {
+        let committed = self.committed.load(Ordering::Acquire);
+        if committed >= (bump + 2 * AHEAD).min(self.max_bytes) {
+            return committed;
+        }
+        let mut step = match self.grow_step.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // Checked under the mutex that `close` takes after setting CLOSED (and the trim after
+        // it): either this growth is done before `close` reads the committed length, or
+        // CLOSED is seen here; the file never grows after it was trimmed.
+        if self.bump.load(Ordering::Relaxed) & CLOSED == 0 && !self.has_failed() {
+            let committed = self.committed.load(Ordering::Acquire);
+            let target = (bump + 2 * AHEAD)
+                .max(committed + *step)
+                .min(self.max_bytes);
+            if self.allocate(target).is_ok() {
+                *step = (*step * 2).min(MAX_GROW_STEP);
+            }
+        }
+        self.committed.load(Ordering::Acquire)
+    }
+
     /// Preallocates the file up to `len` bytes and publishes the new committed length.
     fn allocate(&self, len: u64) -> std::io::Result<()> {
         let committed = self.committed.load(Ordering::Acquire);
@@ -306,6 +426,7 @@ impl MappedFile {
     /// byte past that length was written, so the data ends there at most.
     pub fn close(&self) -> u64 {
         let bump = self.bump.fetch_or(CLOSED, Ordering::AcqRel) & !CLOSED;
+        self.signal.stop();
         let _guard = self.grow_step.lock();
         bump.min(self.committed.load(Ordering::Acquire))
     }

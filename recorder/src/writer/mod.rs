@@ -12,6 +12,7 @@
 mod chunk;
 mod defs;
 mod file;
+mod prepare;
 mod thread;
 
 use std::path::{Path, PathBuf};
@@ -106,7 +107,8 @@ static NEXT_RECORDER_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Shared {
     id: u64,
     cpu_source: CpuSource,
-    file: MappedFile,
+    /// Shared with the preparer thread, which may outlive the recorder by a moment.
+    file: Arc<MappedFile>,
     templates: [Template; 3],
     chunk_len: u64,
     mark_chunk_len: u64,
@@ -184,7 +186,14 @@ impl Recorder {
                 )
             }
         };
-        let file = MappedFile::create(path, fixed_len, chunk_len, ring, config.max_bytes)?;
+        let file = Arc::new(MappedFile::create(
+            path,
+            fixed_len,
+            chunk_len,
+            ring,
+            config.max_bytes,
+        )?);
+        prepare::spawn(&file);
         file.write_at(0, &header_region(data_offset, &header));
         let footer = Region {
             offset: data_offset,

@@ -6,7 +6,7 @@
 //! syscall, no allocation. A full chunk is sealed in place and a new region is reserved with one
 //! atomic. When the thread exits, its chunks are sealed by the thread-local's destructor.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -200,11 +200,14 @@ impl MemRecord {
     }
 }
 
-/// The writers of this thread, most recently used first; usually exactly one.
-struct Writers(Vec<ThreadWriter>);
+/// The writers of this thread, one per recorder it recorded to; usually exactly one. Boxed, so
+/// that [`LAST`] can point at one while the list changes.
+#[allow(clippy::vec_box)] // the boxes are the point: a pushed writer must not move the others
+struct Writers(Vec<Box<ThreadWriter>>);
 
 impl Drop for Writers {
     fn drop(&mut self) {
+        forget_last();
         for w in &mut self.0 {
             w.seal_all();
         }
@@ -213,6 +216,16 @@ impl Drop for Writers {
 
 thread_local! {
     static WRITERS: UnsafeCell<Writers> = const { UnsafeCell::new(Writers(Vec::new())) };
+    /// The writer this thread used last and its recorder: the hot path's one thread-local read.
+    /// No destructor and a constant initializer, so reading it is a plain load with no
+    /// "is it initialized, is it destroyed" check (which `WRITERS`, having a destructor, needs).
+    /// It points into `WRITERS`, and is cleared before any writer it may point at is dropped.
+    static LAST: Cell<(*const Shared, *mut ThreadWriter)> =
+        const { Cell::new((std::ptr::null(), std::ptr::null_mut())) };
+}
+
+fn forget_last() {
+    LAST.set((std::ptr::null(), std::ptr::null_mut()));
 }
 
 /// Runs `f` with this thread's writer for `shared`, creating it on first use. Returns `None`
@@ -223,23 +236,35 @@ pub(crate) fn with_writer(shared: &Arc<Shared>, f: impl FnOnce(&mut ThreadWriter
         seal_current_thread(shared);
         return shared.count_dropped(1);
     }
+    let (last_shared, last) = LAST.get();
+    if std::ptr::eq(last_shared, Arc::as_ptr(shared)) {
+        // SAFETY: `last` points at this thread's writer for `shared`, boxed in `WRITERS`, which
+        // clears `LAST` before dropping it; nothing else holds a reference to it, since this
+        // function never re-enters itself (`f` writes to the mapping and may intern
+        // definitions, neither records events).
+        return f(unsafe { &mut *last });
+    }
+    with_writer_slow(shared, f)
+}
+
+#[cold]
+#[inline(never)]
+fn with_writer_slow(shared: &Arc<Shared>, f: impl FnOnce(&mut ThreadWriter)) {
     let ran = WRITERS.try_with(|cell| {
-        // SAFETY: the cell is only reached through this function, which never re-enters itself:
-        // `f` writes to the mapping and may intern definitions, neither records events.
+        // SAFETY: as in with_writer; `LAST` is not used while this reference lives.
         let writers = unsafe { &mut *cell.get() };
-        match writers.0.first_mut() {
-            Some(w) if Arc::ptr_eq(&w.shared, shared) => f(w),
-            _ => f(find_or_create(writers, shared)),
-        }
+        let w = find_or_create(writers, shared);
+        LAST.set((Arc::as_ptr(shared), w as *mut ThreadWriter));
+        f(w)
     });
     if ran.is_err() {
         shared.count_dropped(1);
     }
 }
 
-#[cold]
 fn find_or_create<'a>(writers: &'a mut Writers, shared: &Arc<Shared>) -> &'a mut ThreadWriter {
     // Writers of recorders that finished hold their mapping alive; let them go.
+    forget_last();
     writers
         .0
         .retain(|w| !w.shared.closed.load(Ordering::Relaxed));
@@ -250,12 +275,11 @@ fn find_or_create<'a>(writers: &'a mut Writers, shared: &Arc<Shared>) -> &'a mut
     {
         Some(i) => i,
         None => {
-            writers.0.push(ThreadWriter::new(shared.clone()));
+            writers.0.push(Box::new(ThreadWriter::new(shared.clone())));
             writers.0.len() - 1
         }
     };
-    writers.0.swap(0, idx);
-    &mut writers.0[0]
+    &mut writers.0[idx]
 }
 
 /// Seals this thread's chunks of `shared` (used by `finish` on the finishing thread).
@@ -263,6 +287,7 @@ pub(crate) fn seal_current_thread(shared: &Arc<Shared>) {
     let _ = WRITERS.try_with(|cell| {
         // SAFETY: as in with_writer.
         let writers = unsafe { &mut *cell.get() };
+        forget_last();
         writers.0.retain_mut(|w| {
             if Arc::ptr_eq(&w.shared, shared) {
                 w.seal_all();
