@@ -5,6 +5,7 @@
 //! The C functions in [`crate::ffi`] and the Python module are thin layers over these types.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use poolsight_pool::device::{Device, HostDevice};
@@ -33,6 +34,9 @@ pub enum SessionError {
 /// A recorder for bindings: shareable, finished once.
 pub struct Session {
     recorder: Mutex<Option<Recorder>>,
+    /// Set when `finish` takes the recorder: what every call checks, without the lock (scope
+    /// enters and observed events from Python pass here on their way to the hot path).
+    finished: AtomicBool,
     handle: Handle,
     path: String,
     /// The process-wide trace hook of this recording, registered with its first pool.
@@ -46,6 +50,7 @@ impl Session {
         let handle = recorder.handle();
         Ok(Session {
             recorder: Mutex::new(Some(recorder)),
+            finished: AtomicBool::new(false),
             handle,
             path: path.display().to_string(),
             hook: Mutex::new(None),
@@ -57,7 +62,7 @@ impl Session {
     }
 
     pub fn is_finished(&self) -> bool {
-        lock(&self.recorder).is_none()
+        self.finished.load(Ordering::Acquire)
     }
 
     /// The recorder's handle, or an error naming the file once the recording is finished.
@@ -79,6 +84,9 @@ impl Session {
         let recorder = lock(&self.recorder)
             .take()
             .ok_or_else(|| SessionError::Finished(self.path.clone()))?;
+        // Calls racing the seal still reach the handle, which counts them as dropped once the
+        // recorder is closed, as for any late event.
+        self.finished.store(true, Ordering::Release);
         Ok(recorder.finish()?)
     }
 
