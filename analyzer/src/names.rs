@@ -156,6 +156,7 @@ pub const EVENT_KEYS: &[&str] = &[
     "function",
     "link",
     "scope",
+    "scope_other",
     "epoch_begin",
     "epoch_end",
     "cpu_sample",

@@ -20,6 +20,7 @@ use super::files::ParquetFile;
 use super::ExportError;
 use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
 use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::replay::Units;
 
 /// Rows per Arrow batch, each one row group of the `events` file: large enough for good
 /// compression and few column chunks, small enough that engines pruning on `seq` or `ts_ns`
@@ -32,9 +33,9 @@ const BATCH_ROWS: usize = 1 << 18;
 const MAX_STACK_DEPTH: u32 = 4096;
 
 /// CuPy's allocation unit, for devices a damaged trace never defined (as the replay).
-const DEFAULT_UNIT: u64 = 512;
-
-/// The `kind` column's values: `info`'s event keys, in the order of their dictionary codes.
+/// The `kind` column's values, in the order of their dictionary codes: `info`'s event keys
+/// (a test holds them equal to [`crate::names::EVENT_KEYS`]), then two for kinds this reader
+/// does not know.
 const KINDS: &[&str] = &[
     "malloc_pre",
     "malloc_post",
@@ -266,26 +267,6 @@ fn mark_event(e: &fb::MarkEvent) -> Event {
         stack: None,
         aux: u64::from(e.aux()),
         cpu: Some((e.a(), e.b())),
-    }
-}
-
-/// Allocation units by device id, to round a malloc's request to its `mem_size`.
-struct Units([u64; 256]);
-
-impl Units {
-    fn of(trace: &Trace) -> Units {
-        let mut u = [DEFAULT_UNIT; 256];
-        for d in &trace.defs.devices {
-            if let Some(slot) = u.get_mut(d.id as usize) {
-                *slot = d.allocation_unit.max(1);
-            }
-        }
-        Units(u)
-    }
-
-    fn mem_size(&self, device: u8, size: u64) -> u64 {
-        let unit = self.0[device as usize];
-        size.div_ceil(unit).saturating_mul(unit)
     }
 }
 
@@ -576,6 +557,11 @@ mod tests {
 
     #[test]
     fn epoch_codes_name_the_epoch_kinds() {
+        assert_eq!(
+            &KINDS[..crate::names::EVENT_KEYS.len()],
+            crate::names::EVENT_KEYS
+        );
+        assert_eq!(KINDS.len(), crate::names::EVENT_KEYS.len() + 2);
         assert_eq!(KINDS[EPOCH_BEGIN as usize], "epoch_begin");
         assert_eq!(KINDS[EPOCH_END as usize], "epoch_end");
         assert_eq!(kind_code("epoch_end"), EPOCH_END);

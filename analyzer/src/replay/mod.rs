@@ -168,11 +168,12 @@ pub struct LiveOverTime {
     pub stacks: HashMap<u32, Vec<Frame>>,
 }
 
-/// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit).
-struct Units([u64; 256]);
+/// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit):
+/// what every pass that reports `mem_size` uses.
+pub(crate) struct Units([u64; 256]);
 
 impl Units {
-    fn of(trace: &Trace) -> Units {
+    pub(crate) fn of(trace: &Trace) -> Units {
         let mut u = [DEFAULT_UNIT; 256];
         for d in &trace.defs.devices {
             if let Some(slot) = u.get_mut(d.id as usize) {
@@ -183,7 +184,7 @@ impl Units {
     }
 
     #[inline]
-    fn mem_size(&self, device: u8, size: u64) -> u64 {
+    pub(crate) fn mem_size(&self, device: u8, size: u64) -> u64 {
         let unit = self.0[device as usize];
         if unit.is_power_of_two() {
             // Every real unit is a power of two; a mask spares a 64-bit division per event.
