@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use poolsight::analyzer::pack::{pack, PackOptions};
-use poolsight::analyzer::{info, replay, report, ReadError, Trace};
+use poolsight::analyzer::{info, load, replay, report, ReadError, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
 };
@@ -153,6 +153,7 @@ fn flip_every_byte(base_path: &PathBuf, bytes: &[u8], scratch: &str) {
         flipped[at] ^= 1 << bit;
         std::fs::write(&path, &flipped).unwrap();
         let case = Instant::now();
+        assert_deferred_checks_agree(&path, at, bit);
         match Trace::open(&path) {
             Err(_) => errors += 1,
             Ok(t) if !t.warnings.is_empty() => {
@@ -191,6 +192,37 @@ fn flip_every_byte(base_path: &PathBuf, bytes: &[u8], scratch: &str) {
         silent.len(),
         &silent[..silent.len().min(20)]
     );
+}
+
+/// What `poolsight report` loads (checksums checked as the replay reads each chunk, the file
+/// opened again if one fails) is what opening with every checksum checked first gives.
+fn assert_deferred_checks_agree(path: &PathBuf, at: usize, bit: usize) {
+    let eager = load::open_all(&[path]).map(|o| {
+        let profile = replay(&o.traces[0], 0, &Default::default());
+        let warnings: Vec<String> = o.warnings.iter().map(|w| w.warning.to_string()).collect();
+        (format!("{profile:?}"), warnings)
+    });
+    let deferred = load::load(&[path], &Default::default(), |_| {}).map(|l| {
+        let warnings: Vec<String> = l.warnings.iter().map(|w| w.warning.to_string()).collect();
+        (format!("{:?}", l.profiles[0]), warnings)
+    });
+    match (eager, deferred) {
+        (Ok(e), Ok(d)) => {
+            assert_eq!(e.1, d.1, "flipping bit {bit} of byte {at}: warnings differ");
+            assert!(
+                e.0 == d.0,
+                "flipping bit {bit} of byte {at}: the deferred checksums gave\n{}\nthe checked open\n{}",
+                d.0,
+                e.0
+            );
+        }
+        (Err(_), Err(_)) => {}
+        (e, d) => panic!(
+            "flipping bit {bit} of byte {at}: opened {} checked, {} deferred",
+            e.is_ok(),
+            d.is_ok()
+        ),
+    }
 }
 
 /// Header fields a crafted file sets; the rest are those of an ordinary header.

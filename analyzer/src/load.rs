@@ -43,6 +43,9 @@ impl fmt::Display for LoadWarning {
     }
 }
 
+/// Missing ranks a warning names; it counts the rest.
+const MISSING_RANKS_NAMED: usize = 32;
+
 /// Opened traces in report order, and what was wrong with parts of them.
 pub struct Opened {
     pub traces: Vec<Trace>,
@@ -56,9 +59,17 @@ pub struct Opened {
 /// one run twice, is an error; ranks of different runs (another command line or world size)
 /// and ranks missing from a world size are warnings.
 pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, LoadError> {
+    open_with(paths, |p| Trace::open(p))
+}
+
+/// [`open_all`], each trace opened by `open`.
+fn open_with<P: AsRef<Path>>(
+    paths: &[P],
+    open: fn(&Path) -> Result<Trace, ReadError>,
+) -> Result<Opened, LoadError> {
     let mut traces = Vec::with_capacity(paths.len());
     for p in paths {
-        traces.push(Trace::open(p)?);
+        traces.push(open(p.as_ref())?);
     }
     check_duplicates(&traces)?;
     let mut warnings: Vec<LoadWarning> = traces
@@ -132,16 +143,32 @@ fn set_warnings(traces: &[Trace]) -> Vec<LoadWarning> {
     }
     {
         if let Some(world) = first.header.world_size {
-            let missing: Vec<String> = (0..world)
-                .filter(|r| !traces.iter().any(|t| t.header.rank == Some(*r)))
+            // A damaged header can claim billions of ranks: count the missing ones, name a few.
+            let mut given: Vec<u32> = traces
+                .iter()
+                .filter_map(|t| t.header.rank)
+                .filter(|&r| r < world)
+                .collect();
+            given.sort_unstable();
+            given.dedup();
+            let missing = world as u64 - given.len() as u64;
+            let named: Vec<String> = (0..world)
+                .filter(|r| given.binary_search(r).is_err())
+                .take(MISSING_RANKS_NAMED)
                 .map(|r| r.to_string())
                 .collect();
-            if !missing.is_empty() {
+            if missing > 0 {
+                let more = missing - named.len() as u64;
+                let tail = if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                };
                 out.push(warn(
                     first,
                     format!(
-                        "world size {world}, but rank(s) {} not given: figures cover only the ranks given",
-                        missing.join(", ")
+                        "world size {world}, but rank(s) {}{tail} not given: figures cover only the ranks given",
+                        named.join(", ")
                     ),
                 ));
             }
@@ -179,8 +206,24 @@ pub fn load<P: AsRef<Path>>(
     opts: &ReplayOptions,
     on_start: impl FnOnce(u64),
 ) -> Result<Loaded, LoadError> {
-    let Opened { traces, warnings } = open_all(paths)?;
+    // Checksums are checked as the replay reads each chunk (one pass over the file, not two).
+    let Opened { traces, warnings } = open_with(paths, |p| Trace::open_deferred(p))?;
     let profiles = replay_all(&traces, opts, on_start);
+    if traces.iter().all(Trace::checksums_hold) {
+        return Ok(Loaded {
+            traces,
+            profiles,
+            warnings,
+        });
+    }
+    // A chunk was corrupted: open the files again, every checksum checked first, so that the
+    // corrupted chunks are named and left out, and replay what remains.
+    let Opened { traces, warnings } = open_all(paths)?;
+    let opts = ReplayOptions {
+        progress: None,
+        ..opts.clone()
+    };
+    let profiles = replay_all(&traces, &opts, |_| {});
     Ok(Loaded {
         traces,
         profiles,

@@ -338,6 +338,7 @@ fn footer_chunk(trace: &Trace, data_end: u64) -> Vec<u8> {
             sealed: true,
             events: 0,
             packed: false,
+            crc_deferred: false,
         };
         seal(&mut bytes, &id, used);
     } else {

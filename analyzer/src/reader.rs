@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use memmap2::Mmap;
@@ -76,6 +77,9 @@ pub struct ChunkInfo {
     pub events: u32,
     /// A packed chunk (format 1.2): its events are decoded when read.
     pub packed: bool,
+    /// A sealed event chunk whose checksum is still to be checked (a trace opened with
+    /// [`Trace::open_deferred`]): the replay checks it when it first reads the chunk.
+    pub crc_deferred: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +185,11 @@ pub struct Trace {
     /// Packed chunks that verified but could not be decoded when read (only a crafted file
     /// gets there: the checksum covers the packed bytes); their events are left out.
     decode_failures: Mutex<Vec<Warning>>,
+    /// Per chunk, whether its deferred checksum was checked and held (see
+    /// [`Trace::open_deferred`]); empty when nothing was deferred.
+    crc_checked: Vec<AtomicBool>,
+    /// A deferred checksum that did not hold.
+    crc_failed: AtomicBool,
 }
 
 /// The events of one chunk: in place in the mapping, or decoded from a packed chunk.
@@ -273,10 +282,65 @@ impl Trace {
         // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
         // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::from_map(path, map)
+        Self::from_map(path, map, false)
     }
 
-    fn from_map(path: PathBuf, map: Mmap) -> Result<Trace, ReadError> {
+    /// [`Trace::open`], except that the checksums of sealed event chunks are not checked here
+    /// but when the replay first reads each chunk, while its bytes are in the cache: one pass
+    /// over the file instead of two. Everything else is verified as `open` verifies it, so
+    /// reading the trace is as safe; but until [`Trace::checksums_hold`] says so, a corrupted
+    /// chunk's events may have been read as if they were sound. Use it only as
+    /// [`crate::load::load`] does: replay, then, unless every checksum held, open the file
+    /// again with `open` (which names the corrupted chunks and leaves them out) and replay
+    /// that instead.
+    pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source| ReadError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = std::fs::File::open(&path).map_err(io)?;
+        // SAFETY: as in `open`.
+        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::from_map(path, map, true)
+    }
+
+    /// Checks a chunk's deferred checksum (nothing for a chunk whose checksum was checked at
+    /// open). The replay calls it once for every chunk it reads.
+    pub fn check_deferred(&self, c: &ChunkInfo) {
+        if !c.crc_deferred {
+            return;
+        }
+        let buf = &self.map[c.offset as usize..c.offset as usize + c.len as usize];
+        let meta = self.chunk_root(c).meta();
+        let holds = crc_holds(buf, meta, self.header.format_minor);
+        if !holds {
+            self.crc_failed.store(true, Ordering::Relaxed);
+        }
+        let index = (c as *const ChunkInfo as usize).wrapping_sub(self.chunks.as_ptr() as usize)
+            / std::mem::size_of::<ChunkInfo>();
+        match self.crc_checked.get(index) {
+            Some(flag) if std::ptr::eq(&self.chunks[index], c) => {
+                flag.store(holds, Ordering::Relaxed)
+            }
+            // Not one of this trace's chunks: nothing to record.
+            _ => {}
+        }
+    }
+
+    /// Whether every checksum of the trace was checked and held: always for a trace opened
+    /// with [`Trace::open`]; for one opened with [`Trace::open_deferred`], once a replay read
+    /// every chunk and no deferred checksum failed.
+    pub fn checksums_hold(&self) -> bool {
+        !self.crc_failed.load(Ordering::Relaxed)
+            && self
+                .chunks
+                .iter()
+                .zip(&self.crc_checked)
+                .all(|(c, ok)| !c.crc_deferred || ok.load(Ordering::Relaxed))
+    }
+
+    fn from_map(path: PathBuf, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
         let data: &[u8] = &map;
         let prelude = Prelude::decode(data).map_err(|source| ReadError::Prelude {
             path: path.clone(),
@@ -298,7 +362,7 @@ impl Trace {
             .flat_map_iter(|w| {
                 let out: Vec<_> = w
                     .iter()
-                    .map(|&&(off, len)| verify_chunk(data, off, len, minor, packed))
+                    .map(|&&(off, len)| verify_chunk(data, off, len, minor, packed, deferred))
                     .collect();
                 release_window(&map, w.iter().map(|&&(off, len)| (off, len)));
                 out
@@ -326,7 +390,16 @@ impl Trace {
             footer: None,
             warnings,
             decode_failures: Mutex::new(Vec::new()),
+            crc_checked: Vec::new(),
+            crc_failed: AtomicBool::new(false),
         };
+        if trace.chunks.iter().any(|c| c.crc_deferred) {
+            trace.crc_checked = trace
+                .chunks
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect();
+        }
         trace.load_defs_and_footer();
         if trace.header.ring.is_none() {
             check_seqs(
@@ -918,6 +991,18 @@ fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
         .map(|i| from + 8 * i as u64)
 }
 
+/// Whether a chunk's checksum holds (by the rule of the file's format minor version).
+fn crc_holds(buf: &[u8], meta: &fb::ChunkMeta, minor: u16) -> bool {
+    let used = meta.used() as usize;
+    let meta_at = meta_offset(buf, meta);
+    let sum = if crc_covers_size_prefix(minor) {
+        chunk_crc(buf, meta_at, 4 + used)
+    } else {
+        chunk_crc(&buf[4..], meta_at - 4, used)
+    };
+    sum == Some(meta.crc32())
+}
+
 /// A chunk that passed verification, and what was odd about it.
 struct Verified {
     info: ChunkInfo,
@@ -932,6 +1017,23 @@ fn verify_chunk(
     len: u32,
     minor: u16,
     packed_trace: bool,
+    deferred: bool,
+) -> Result<Verified, Warning> {
+    match verify_chunk_once(data, off, len, minor, packed_trace, deferred) {
+        // A chunk refused for what a deferred checksum would have caught first is refused for
+        // the reason an open that checks every checksum gives.
+        Err(_) if deferred => verify_chunk_once(data, off, len, minor, packed_trace, false),
+        result => result,
+    }
+}
+
+fn verify_chunk_once(
+    data: &[u8],
+    off: u64,
+    len: u32,
+    minor: u16,
+    packed_trace: bool,
+    deferred: bool,
 ) -> Result<Verified, Warning> {
     let bad = |what: String| Warning {
         offset: off,
@@ -953,18 +1055,21 @@ fn verify_chunk(
             buf.len() - 4
         )));
     }
-    let crc_holds = || {
-        let meta_at = meta_offset(buf, meta);
-        let sum = if crc_covers_size_prefix(minor) {
-            chunk_crc(buf, meta_at, 4 + used)
-        } else {
-            chunk_crc(&buf[4..], meta_at - 4, used)
-        };
-        sum == Some(meta.crc32())
-    };
+    let crc_holds = || crc_holds(buf, meta, minor);
+    // Only a sealed event chunk's checksum may wait: the reader's walk needs nothing from
+    // its events, and the replay checks it when it reads them.
+    let defer = deferred
+        && meta.state() == fb::ChunkState::Sealed
+        && matches!(
+            chunk.body_type(),
+            fb::ChunkBody::MemEvents
+                | fb::ChunkBody::ScopeEvents
+                | fb::ChunkBody::MarkEvents
+                | fb::ChunkBody::PackedEvents
+        );
     let mut warning = None;
     let sealed = match meta.state() {
-        fb::ChunkState::Sealed if crc_holds() => true,
+        fb::ChunkState::Sealed if defer || crc_holds() => true,
         fb::ChunkState::Sealed => {
             return Err(bad(
                 "checksum mismatch: the chunk was corrupted after it was written; skipped".into(),
@@ -1028,7 +1133,7 @@ fn verify_chunk(
             let p = chunk
                 .body_as_packed_events()
                 .ok_or_else(|| bad("packed chunk without a body; skipped".into()))?;
-            return verify_packed(&p, sealed, off, len, meta).map_err(bad);
+            return verify_packed(&p, sealed, off, len, meta, defer).map_err(bad);
         }
         other => return Err(bad(format!("unknown chunk body type {}; skipped", other.0))),
     };
@@ -1047,6 +1152,7 @@ fn verify_chunk(
             sealed,
             events: events as u32,
             packed: false,
+            crc_deferred: defer,
         },
         warning,
     })
@@ -1061,6 +1167,7 @@ fn verify_packed(
     off: u64,
     len: u32,
     meta: &fb::ChunkMeta,
+    defer: bool,
 ) -> Result<Verified, String> {
     if !sealed {
         return Err("packed chunk is not sealed; skipped".into());
@@ -1095,6 +1202,7 @@ fn verify_packed(
             sealed: !p.open(),
             events: p.events(),
             packed: true,
+            crc_deferred: defer,
         },
         warning: None,
         merged_seqs: p

@@ -1,15 +1,22 @@
 //! Replay: turns a verified trace into a [`Profile`], the one summary every report is computed
-//! from. Two passes run at once (`rayon::join`):
+//! from, in one pass over the file, parallel over windows of time (`windows.rs`):
 //!
-//! - **Per stack** (parallel over chunks): each chunk folds its events into a small map from
-//!   interned stack id to counters (mallocs, used bytes, device allocs, acquired bytes, scope
-//!   calls, scope time, first-seen times). Maps merge by addition and minimum, so the result
-//!   does not depend on how rayon splits the work.
-//! - **In time order** (one thread): the pool's used and acquired bytes over time need the
-//!   memory events of every thread merged by timestamp, with the epoch marks in between. A
-//!   k-way merge over the per-thread chunk sequences walks them, taking runs of one thread's
-//!   events while no other thread's event is earlier, so a single-threaded trace costs no heap
-//!   operation per event.
+//! - **Per stack**: each chunk's events fold into a small map from interned stack id to
+//!   counters (mallocs, used bytes, device allocs, acquired bytes, scope calls, scope time,
+//!   first-seen times). Maps merge by addition and minimum, so the result does not depend on
+//!   how the work was split.
+//! - **In time order**: the pool's used and acquired bytes over time need the memory events of
+//!   every thread merged by timestamp, with the epoch marks in between. Each window merges its
+//!   stretch of time (a k-way merge that takes runs of one thread's events while no other
+//!   thread's event is earlier), counting bytes from zero; the windows' figures are then
+//!   combined in order (`ordered.rs`). A trace the windows cannot stand
+//!   for (a thread going back in time, bytes that would saturate) is merged on one thread
+//!   instead, beside a per-stack pass parallel over chunks: the figures are the same either
+//!   way, which `tests/windows.rs` checks on traces cut into windows of every size.
+//!
+//! A window reads each chunk once: it checks the chunk's checksum (when the trace was opened
+//! with [`Trace::open_deferred`]) and folds it by stack as it reads it, and the merge then
+//! finds its bytes in the cache.
 //!
 //! Memory stays bounded by the number of distinct stacks, not events: nothing is copied out of
 //! the mapping, and each pass gives a chunk's pages back to the kernel once it is done with
@@ -24,6 +31,7 @@
 mod ordered;
 mod profile;
 mod stacks;
+mod windows;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -58,7 +66,7 @@ pub fn progress_total(trace: &Trace, opts: &ReplayOptions) -> u64 {
         .filter(|c| c.kind == ChunkKind::Mem)
         .map(|c| c.len as u64)
         .sum();
-    bytes + mem * if opts.live_at_peak { 2 } else { 1 }
+    bytes + if opts.live_at_peak { mem } else { 0 }
 }
 
 impl Default for ReplayOptions {
@@ -73,20 +81,77 @@ impl Default for ReplayOptions {
 
 /// Replays one trace. `index` is its position among the traces being merged (0 for one).
 pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
+    let (stacks, timeline) = passes(trace, opts, Split::Windows(windows::WINDOW_EVENTS))
+        .unwrap_or_else(|| one_merge(trace, opts));
+    assemble(trace, index, opts, stacks, timeline)
+}
+
+/// How [`replay_split`] divides the work. The figures never depend on it; tests compare.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// Windows of time of about this many memory events each, or the one merge where the
+    /// windows cannot stand for it.
+    Windows(u64),
+    /// Windows only: `None` where the replay would fall back.
+    WindowsOnly(u64),
+    /// The one merge on one thread beside a parallel per-stack pass.
+    OneMerge,
+}
+
+/// [`replay`], with the work divided as `split` says.
+#[doc(hidden)]
+pub fn replay_split(
+    trace: &Trace,
+    index: u32,
+    opts: &ReplayOptions,
+    split: Split,
+) -> Option<Profile> {
+    let (stacks, timeline) = match passes(trace, opts, split) {
+        Some(done) => done,
+        None if matches!(split, Split::WindowsOnly(_)) => return None,
+        None => one_merge(trace, opts),
+    };
+    Some(assemble(trace, index, opts, stacks, timeline))
+}
+
+/// The per-stack counters and the time-ordered figures in windows, where `split` asks for
+/// them and they stand for the one merge.
+fn passes(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    split: Split,
+) -> Option<(stacks::PerStack, ordered::Timeline)> {
+    match split {
+        Split::Windows(n) | Split::WindowsOnly(n) => windows::replay(
+            trace,
+            opts.series_points,
+            opts.progress.as_deref(),
+            n.max(1),
+        )
+        .map(|(timeline, stacks)| (stacks, timeline)),
+        Split::OneMerge => None,
+    }
+}
+
+/// The per-stack pass (parallel over chunks) beside the one merge (on one thread).
+fn one_merge(trace: &Trace, opts: &ReplayOptions) -> (stacks::PerStack, ordered::Timeline) {
+    // The progress counts each chunk once: the per-stack pass reports it.
     let (stacks, (timeline, packed_mem)) = rayon::join(
         || stacks::per_stack(trace, true, opts.progress.as_deref()),
-        || {
-            ordered::in_time_order_folding(
-                trace,
-                opts.series_points,
-                Vec::new(),
-                0,
-                true,
-                opts.progress.as_deref(),
-            )
-        },
+        || ordered::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
     );
-    let stacks = stacks.merge(packed_mem);
+    (stacks.merge(packed_mem), timeline)
+}
+
+/// The profile from the passes' results (and, with `live_at_peak`, one more walk).
+fn assemble(
+    trace: &Trace,
+    index: u32,
+    opts: &ReplayOptions,
+    stacks: stacks::PerStack,
+    timeline: ordered::Timeline,
+) -> Profile {
     let live: HashMap<u32, u64> = match timeline.peak_ordinal {
         Some(peak) if opts.live_at_peak => {
             ordered::in_time_order(trace, 0, vec![peak], usize::MAX, opts.progress.as_deref())

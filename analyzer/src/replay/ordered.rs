@@ -380,13 +380,32 @@ impl Downsampler {
     }
 }
 
-/// One thread's memory chunks, walked in order.
-struct Stream<'a> {
-    chunks: Vec<&'a ChunkInfo>,
-    next_chunk: usize,
+/// Where a thread's walk stands: the chunk (an index into the thread's chunks), the event in
+/// it, and the base ticks in effect there (rebases before `at` applied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cursor {
+    pub(super) chunk: usize,
+    pub(super) at: usize,
+    pub(super) base: u64,
+}
+
+/// One thread's memory chunks, walked in order from a [`Cursor`] to an end (chunk, event).
+pub(super) struct Stream<'a> {
+    chunks: &'a [&'a ChunkInfo],
+    /// Index of the chunk whose events are in `events`.
+    cur: usize,
     events: Events<'a, fb::MemEvent>,
     at: usize,
     base: u64,
+    /// Where the walk stops: (chunk, event); `(chunks.len(), 0)` walks to the end.
+    end: (usize, usize),
+    /// The chunk `cur` is still to be read (the walk has not started).
+    unread: bool,
+    /// Ticks of the first and the last event taken, and whether an event was taken earlier
+    /// than the one before it (only in a damaged trace or after a clock jumped back).
+    pub(super) first: Option<u64>,
+    pub(super) last: u64,
+    pub(super) went_back: bool,
     /// File offset of the chunk being read (`u64::MAX` once done), for page release.
     position: u64,
     /// For a packed trace: this thread's chunks, decoded in order by a thread of their own.
@@ -394,11 +413,60 @@ struct Stream<'a> {
 }
 
 impl<'a> Stream<'a> {
+    /// A walk from `from` to `end` (see [`Stream::end`]); with `feed`, chunks come from it in
+    /// order instead of being read here.
+    pub(super) fn new(
+        chunks: &'a [&'a ChunkInfo],
+        from: Cursor,
+        end: (usize, usize),
+        feed: Option<Receiver<Events<'a, fb::MemEvent>>>,
+    ) -> Stream<'a> {
+        Stream {
+            chunks,
+            cur: from.chunk,
+            events: Events::default(),
+            at: from.at,
+            base: from.base,
+            end,
+            unread: (from.chunk, from.at) < end && from.chunk < chunks.len(),
+            first: None,
+            last: 0,
+            went_back: false,
+            position: chunks.get(from.chunk).map_or(u64::MAX, |c| c.offset),
+            feed,
+        }
+    }
+
+    /// Reads chunk `cur` and tells the sink (whole: the walk starts at its first event).
+    fn load<S: Sink>(&mut self, trace: &'a Trace, sink: &mut S) {
+        let c = self.chunks[self.cur];
+        self.events = match &self.feed {
+            Some(rx) => rx.recv().unwrap_or_default(),
+            None => trace.mem_events(c),
+        };
+        self.position = c.offset;
+        sink.load(c, &self.events, self.at == 0);
+    }
+
     /// Ticks of the next event (rebases applied), or None at the end.
     #[inline]
-    fn peek(&mut self, trace: &'a Trace, progress: Option<&AtomicU64>) -> Option<u64> {
+    pub(super) fn peek<S: Sink>(
+        &mut self,
+        trace: &'a Trace,
+        sink: &mut S,
+        progress: Option<&AtomicU64>,
+    ) -> Option<u64> {
+        if self.unread {
+            self.unread = false;
+            self.load(trace, sink);
+        }
         loop {
-            while self.at < self.events.len() {
+            let limit = if self.cur == self.end.0 {
+                self.end.1.min(self.events.len())
+            } else {
+                self.events.len()
+            };
+            while self.at < limit {
                 let e = &self.events[self.at];
                 if e.kind() == fb::MemKind::Rebase {
                     self.base = e.ptr();
@@ -407,29 +475,195 @@ impl<'a> Stream<'a> {
                 }
                 return Some(self.base.wrapping_add(e.ts() as u64));
             }
-            let done = self
-                .next_chunk
-                .checked_sub(1)
-                .and_then(|c| self.chunks.get(c));
-            if let (Some(p), Some(c)) = (progress, done) {
-                p.fetch_add(c.len as u64, Ordering::Relaxed);
+            if self.cur >= self.end.0 || self.cur >= self.chunks.len() {
+                return self.finish();
             }
-            let Some(&c) = self.chunks.get(self.next_chunk) else {
-                self.position = u64::MAX;
-                self.events = Events::default();
-                self.next_chunk = self.chunks.len() + 1;
-                return None;
+            // The chunk is done: its last event was taken here.
+            if let Some(p) = progress {
+                p.fetch_add(self.chunks[self.cur].len as u64, Ordering::Relaxed);
+            }
+            self.cur += 1;
+            let Some(&c) = self.chunks.get(self.cur) else {
+                return self.finish();
             };
-            self.next_chunk += 1;
-            self.events = match &self.feed {
-                Some(rx) => rx.recv().unwrap_or_default(),
-                None => trace.mem_events(c),
-            };
+            if self.end == (self.cur, 0) {
+                return self.finish();
+            }
             self.at = 0;
             self.base = c.base_ticks;
-            self.position = c.offset;
+            self.load(trace, sink);
         }
     }
+
+    fn finish(&mut self) -> Option<u64> {
+        self.position = u64::MAX;
+        self.events = Events::default();
+        None
+    }
+
+    /// Feeds `sink` this stream's events while their ticks are at most `bound`, as far as the
+    /// chunk in hand goes (the stream was peeked, so one is).
+    #[inline]
+    fn run<S: Sink>(&mut self, bound: u64, sink: &mut S) -> Run {
+        let limit = if self.cur == self.end.0 {
+            self.end.1.min(self.events.len())
+        } else {
+            self.events.len()
+        };
+        let events = &self.events[..limit];
+        let (mut at, mut base, mut last) = (self.at, self.base, self.last);
+        let mut went_back = false;
+        let mut out = Run::Exhausted;
+        if self.first.is_none() {
+            self.first = events[at..]
+                .iter()
+                .find(|e| e.kind() != fb::MemKind::Rebase)
+                .map(|e| base.wrapping_add(e.ts() as u64));
+        }
+        while at < events.len() {
+            let e = &events[at];
+            if e.kind() == fb::MemKind::Rebase {
+                base = e.ptr();
+                at += 1;
+                continue;
+            }
+            let ticks = base.wrapping_add(e.ts() as u64);
+            if ticks > bound {
+                out = Run::Past(ticks);
+                break;
+            }
+            went_back |= ticks < last;
+            last = ticks;
+            at += 1;
+            if !sink.mem(ticks, e) {
+                out = Run::Stopped;
+                break;
+            }
+        }
+        self.at = at;
+        self.base = base;
+        self.last = last;
+        self.went_back |= went_back;
+        out
+    }
+}
+
+/// How [`Stream::run`] ended.
+enum Run {
+    /// At an event later than the bound: its ticks.
+    Past(u64),
+    /// At the end of the chunk in hand.
+    Exhausted,
+    /// The sink asked to stop.
+    Stopped,
+}
+
+/// What a merge feeds the memory events (in merge order) and the marks to.
+pub(super) trait Sink {
+    /// One memory event; false stops the merge.
+    fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool;
+    fn mark(&mut self, m: &fb::MarkEvent);
+    /// A chunk was read (`whole`: the walk takes it from its first event).
+    fn load(&mut self, _c: &ChunkInfo, _events: &[fb::MemEvent], _whole: bool) {}
+}
+
+impl Sink for (&mut Timeline, &Units, bool) {
+    #[inline]
+    fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
+        self.0.mem(ticks, e, self.1, self.2);
+        !self.0.stopped()
+    }
+
+    fn mark(&mut self, m: &fb::MarkEvent) {
+        self.0.mark(m)
+    }
+}
+
+/// The merge: picks the stream whose next event is earliest (the first of equals) and takes
+/// its events while they are no later than any other stream's next event or the next mark;
+/// a mark goes before the first event later than it. Threads are few, so a scan of the heads
+/// beats a heap. Returns how many of `marks` were fed (the rest are later than every event,
+/// or the sink stopped). With `release`, pages are given back behind the slowest stream, a
+/// window at a time.
+pub(super) fn merge_streams<'a, S: Sink>(
+    trace: &'a Trace,
+    streams: &mut [Stream<'a>],
+    marks: &[fb::MarkEvent],
+    sink: &mut S,
+    progress: Option<&AtomicU64>,
+    release: bool,
+) -> usize {
+    let mut heads: Vec<Option<u64>> = streams
+        .iter_mut()
+        .map(|s| s.peek(trace, sink, progress))
+        .collect();
+    let mut next_mark = 0;
+    let mut released = 0u64;
+    'outer: loop {
+        let mut first: Option<(u64, usize)> = None;
+        let mut second = u64::MAX;
+        for (i, h) in heads.iter().enumerate() {
+            let Some(t) = *h else { continue };
+            match first {
+                Some((ft, _)) if t >= ft => second = second.min(t),
+                Some((ft, _)) => {
+                    second = ft;
+                    first = Some((t, i));
+                }
+                None => first = Some((t, i)),
+            }
+        }
+        let Some((t, i)) = first else { break };
+        while next_mark < marks.len() && marks[next_mark].ticks() < t {
+            sink.mark(&marks[next_mark]);
+            next_mark += 1;
+        }
+        let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));
+        let s = &mut streams[i];
+        let chunk_before = s.cur;
+        loop {
+            match s.run(bound, sink) {
+                Run::Past(ticks) => {
+                    heads[i] = Some(ticks);
+                    break;
+                }
+                Run::Stopped => break 'outer,
+                Run::Exhausted => match s.peek(trace, sink, progress) {
+                    Some(ticks) if ticks <= bound => {}
+                    head => {
+                        heads[i] = head;
+                        break;
+                    }
+                },
+            }
+        }
+        if release && s.cur != chunk_before {
+            let low = streams.iter().map(|s| s.position).min().unwrap_or(u64::MAX);
+            if low != u64::MAX && low > released && low - released >= WINDOW {
+                trace.release_span(released, low);
+                released = low;
+            }
+        }
+    }
+    if release {
+        let end = trace.bytes().len() as u64;
+        if released < end {
+            trace.release_span(released, end);
+        }
+    }
+    next_mark
+}
+
+/// The marks of a trace, in time order (marks at one tick in their recorded order).
+pub(super) fn sorted_marks(trace: &Trace) -> Vec<fb::MarkEvent> {
+    let mut marks: Vec<fb::MarkEvent> = trace
+        .chunks
+        .iter()
+        .filter(|c| c.kind == ChunkKind::Mark)
+        .flat_map(|c| trace.mark_events(c))
+        .collect();
+    marks.sort_by_key(|m| m.ticks());
+    marks
 }
 
 /// Walks memory events of all threads and the marks in time order. With `stops` (ascending
@@ -470,7 +704,7 @@ pub(super) fn in_time_order_folding(
     let units = Units::of(trace);
     let stacks = trace.defs.stacks.len();
     if !by_thread.iter().flat_map(|(_, cs)| cs).any(|c| c.packed) {
-        let tl = merge(trace, points, stops, keep, progress, by_thread, Vec::new());
+        let tl = merge(trace, points, stops, keep, progress, &by_thread, Vec::new());
         return (tl, PerStack::new(0));
     }
     std::thread::scope(|s| {
@@ -495,15 +729,7 @@ pub(super) fn in_time_order_folding(
                 acc
             }));
         }
-        let tl = merge(
-            trace,
-            points,
-            stops,
-            keep,
-            progress,
-            by_thread.clone(),
-            feeds,
-        );
+        let tl = merge(trace, points, stops, keep, progress, &by_thread, feeds);
         let acc = producers.into_iter().filter_map(|p| p.join().ok()).fold(
             PerStack::new(if fold { stacks } else { 0 }),
             PerStack::merge,
@@ -512,7 +738,7 @@ pub(super) fn in_time_order_folding(
     })
 }
 
-fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)> {
+pub(super) fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)> {
     let mut by_thread: Vec<(u32, Vec<&ChunkInfo>)> = Vec::new();
     for c in trace.chunks.iter().filter(|c| c.kind == ChunkKind::Mem) {
         match by_thread.iter_mut().find(|(t, _)| *t == c.thread) {
@@ -532,93 +758,321 @@ fn merge<'a>(
     stops: Vec<u64>,
     keep: usize,
     progress: Option<&AtomicU64>,
-    by_thread: Vec<(u32, Vec<&'a ChunkInfo>)>,
+    by_thread: &'a [(u32, Vec<&'a ChunkInfo>)],
     feeds: Vec<Receiver<Events<'a, fb::MemEvent>>>,
 ) -> Timeline {
     let units = Units::of(trace);
     let track = !stops.is_empty();
     let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
-    let mut marks: Vec<fb::MarkEvent> = trace
-        .chunks
-        .iter()
-        .filter(|c| c.kind == ChunkKind::Mark)
-        .flat_map(|c| trace.mark_events(c))
-        .collect();
-    // Stable: marks at one tick keep their recorded order.
-    marks.sort_by_key(|m| m.ticks());
+    let marks = sorted_marks(trace);
     let mut feeds = feeds.into_iter();
     let mut streams: Vec<Stream> = by_thread
-        .into_iter()
-        .map(|(_, chunks)| Stream {
-            feed: feeds.next(),
-            chunks,
-            next_chunk: 0,
-            events: Events::default(),
-            at: 0,
-            base: 0,
-            position: 0,
+        .iter()
+        .map(|(_, chunks)| {
+            let from = Cursor {
+                chunk: 0,
+                at: 0,
+                base: chunks.first().map_or(0, |c| c.base_ticks),
+            };
+            Stream::new(chunks, from, (chunks.len(), 0), feeds.next())
         })
         .collect();
-    let mut heads: Vec<Option<u64>> = streams
-        .iter_mut()
-        .map(|s| s.peek(trace, progress))
-        .collect();
-    let mut next_mark = 0;
-    let mut released = 0u64;
-    'outer: loop {
-        let mut first: Option<(u64, usize)> = None;
-        let mut second = u64::MAX;
-        for (i, h) in heads.iter().enumerate() {
-            let Some(t) = *h else { continue };
-            match first {
-                Some((ft, _)) if t >= ft => second = second.min(t),
-                Some((ft, _)) => {
-                    second = ft;
-                    first = Some((t, i));
-                }
-                None => first = Some((t, i)),
-            }
-        }
-        let Some((t, i)) = first else { break };
-        while next_mark < marks.len() && marks[next_mark].ticks() < t {
-            tl.mark(&marks[next_mark]);
-            next_mark += 1;
-        }
-        let bound = second.min(marks.get(next_mark).map_or(u64::MAX, |m| m.ticks()));
-        let s = &mut streams[i];
-        let chunk_before = s.next_chunk;
-        loop {
-            let Some(ticks) = s.peek(trace, progress) else {
-                heads[i] = None;
-                break;
-            };
-            if ticks > bound {
-                heads[i] = Some(ticks);
-                break;
-            }
-            let e = &s.events[s.at];
-            s.at += 1;
-            tl.mem(ticks, e, &units, track);
-            if tl.stopped() {
-                break 'outer;
-            }
-        }
-        if s.next_chunk != chunk_before {
-            let low = streams.iter().map(|s| s.position).min().unwrap_or(u64::MAX);
-            if low != u64::MAX && low > released && low - released >= WINDOW {
-                trace.release_span(released, low);
-                released = low;
-            }
-        }
-    }
+    let fed = merge_streams(
+        trace,
+        &mut streams,
+        &marks,
+        &mut (&mut tl, &units, track),
+        progress,
+        true,
+    );
     if !track {
-        for m in &marks[next_mark..] {
+        for m in &marks[fed..] {
             tl.mark(m);
         }
     }
-    let end = trace.bytes().len() as u64;
-    if released < end {
-        trace.release_span(released, end);
-    }
     tl
+}
+
+/// The time-ordered figures of one window of time, relative to the window's start: what
+/// [`Timeline::from_windows`] combines, in order, into the figures of the whole merge. The
+/// pool's bytes are counted from 0 at the window's start; the series' buckets and the marks
+/// keep those relative values, made absolute once the bytes before the window are known.
+pub(super) struct WindowFold {
+    /// Ticks of this window's events lie in `lo..=hi`.
+    lo: u64,
+    hi: u64,
+    t0: u64,
+    /// The series' bucket width (a shift of ticks), the same in every window; `None`: no series.
+    shift: Option<u32>,
+    /// Set when the window cannot stand for its part of the merge (see [`WindowFold::mem`]).
+    pub(super) bad: bool,
+    used: i64,
+    acquired: i64,
+    min_used: i64,
+    max_used: i64,
+    min_acquired: i64,
+    max_acquired: i64,
+    /// Highest used bytes, first reached: (bytes, ticks, ordinal in this window); bytes
+    /// `i64::MIN` before any event.
+    peak_used: (i64, u64, u64),
+    peak_acquired: (i64, u64),
+    ordinal: u64,
+    last_ticks: Option<u64>,
+    mallocs: u64,
+    frees: u64,
+    allocs: u64,
+    releases: u64,
+    ooms: u64,
+    /// Highest used and acquired bytes since the last mark (or the window's start).
+    seg_used: i64,
+    seg_acquired: i64,
+    marks: Vec<WindowMark>,
+    /// (bucket index, bucket) in merge order, one entry per run of equal indices.
+    buckets: Vec<(u64, Bucket)>,
+}
+
+/// A mark as a window met it: the bytes then, and the highest bytes since the previous mark.
+struct WindowMark {
+    mark: fb::MarkEvent,
+    used: i64,
+    acquired: i64,
+    seg_used: i64,
+    seg_acquired: i64,
+}
+
+/// Ticks shifted right, 0 once the shift passes the width.
+#[inline]
+fn shr(ticks: u64, shift: u32) -> u64 {
+    ticks.checked_shr(shift).unwrap_or(0)
+}
+
+/// The series' bucket width for a merge whose latest memory event is at `last` ticks: the
+/// width [`Downsampler`] ends with after seeing it (it starts at 2^10 ticks and doubles while
+/// the index passes `points`). `None` without points.
+pub(super) fn series_shift(t0: u64, last: u64, points: usize) -> Option<u32> {
+    if points == 0 {
+        return None;
+    }
+    let mut shift = 10;
+    let mut i = shr(last.saturating_sub(t0), shift);
+    while i >= points as u64 {
+        shift += 1;
+        i >>= 1;
+    }
+    Some(shift)
+}
+
+impl WindowFold {
+    /// A window whose events lie in `lo..=hi`.
+    pub(super) fn new(lo: u64, hi: u64, t0: u64, shift: Option<u32>) -> Self {
+        WindowFold {
+            lo,
+            hi,
+            t0,
+            shift,
+            bad: false,
+            used: 0,
+            acquired: 0,
+            min_used: 0,
+            max_used: 0,
+            min_acquired: 0,
+            max_acquired: 0,
+            peak_used: (i64::MIN, 0, 0),
+            peak_acquired: (i64::MIN, 0),
+            ordinal: 0,
+            last_ticks: None,
+            mallocs: 0,
+            frees: 0,
+            allocs: 0,
+            releases: 0,
+            ooms: 0,
+            seg_used: i64::MIN,
+            seg_acquired: i64::MIN,
+            marks: Vec::new(),
+            buckets: Vec::new(),
+        }
+    }
+
+    /// Checks a stream the window merged: the window goes `bad` where its part might differ
+    /// from the one merge's: an event outside the window's time, or a stream going back in
+    /// time (only in a damaged trace, or after a clock jumped back).
+    pub(super) fn check(&mut self, s: &Stream) {
+        if let Some(first) = s.first {
+            if s.went_back || first < self.lo || s.last > self.hi {
+                self.bad = true;
+            }
+        }
+    }
+
+    /// One memory event, as [`Timeline::mem`] takes it. Bytes that leave the range the one
+    /// merge counts in without saturating make the window `bad`.
+    #[inline]
+    pub(super) fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units) {
+        self.last_ticks = Some(ticks);
+        match e.kind() {
+            fb::MemKind::MallocPost if e.ptr() != 0 => {
+                let size = units.mem_size(e.device(), e.bytes());
+                self.mallocs += 1;
+                let (u, over) = self.used.overflowing_add(signed(size));
+                self.bad |= over;
+                self.used = u;
+                self.max_used = self.max_used.max(u);
+                self.seg_used = self.seg_used.max(u);
+                if u > self.peak_used.0 {
+                    self.peak_used = (u, ticks, self.ordinal);
+                }
+            }
+            fb::MemKind::FreePost => {
+                self.frees += 1;
+                let (u, over) = self.used.overflowing_sub(signed(e.bytes()));
+                self.bad |= over;
+                self.used = u;
+                self.min_used = self.min_used.min(u);
+            }
+            fb::MemKind::AllocPost if e.ptr() != 0 => {
+                self.allocs += 1;
+                let (a, over) = self.acquired.overflowing_add(signed(e.bytes()));
+                self.bad |= over;
+                self.acquired = a;
+                self.max_acquired = self.max_acquired.max(a);
+                self.seg_acquired = self.seg_acquired.max(a);
+                if a > self.peak_acquired.0 {
+                    self.peak_acquired = (a, ticks);
+                }
+            }
+            fb::MemKind::Release => {
+                self.releases += 1;
+                let (a, over) = self.acquired.overflowing_sub(signed(e.bytes()));
+                self.bad |= over;
+                self.acquired = a;
+                self.min_acquired = self.min_acquired.min(a);
+            }
+            fb::MemKind::OutOfMemory => self.ooms += 1,
+            _ => {}
+        }
+        if let Some(shift) = self.shift {
+            let i = shr(ticks.saturating_sub(self.t0), shift);
+            let now = Bucket {
+                used: self.used,
+                acquired: self.acquired,
+                used_ordinal: self.ordinal,
+            };
+            match self.buckets.last_mut() {
+                Some((j, b)) if *j == i => *b = b.max(now),
+                _ => self.buckets.push((i, now)),
+            }
+        }
+        self.ordinal += 1;
+    }
+
+    pub(super) fn mark(&mut self, m: &fb::MarkEvent) {
+        self.marks.push(WindowMark {
+            mark: *m,
+            used: self.used,
+            acquired: self.acquired,
+            seg_used: self.seg_used,
+            seg_acquired: self.seg_acquired,
+        });
+        self.seg_used = i64::MIN;
+        self.seg_acquired = i64::MIN;
+    }
+}
+
+/// `base + rel` where every value `base + min..=base + max` fits an i64.
+fn shifted(base: i64, rel: i64, min: i64, max: i64) -> Option<i64> {
+    let lo = base as i128 + min as i128;
+    let hi = base as i128 + max as i128;
+    (lo >= i64::MIN as i128 && hi <= i64::MAX as i128).then(|| base + rel)
+}
+
+impl Timeline {
+    /// The figures of one merge from those of its windows, in time order (see [`WindowFold`]);
+    /// `None` if a window went bad or the bytes would have saturated, where only the one merge
+    /// gives the figures. `shift` is the series' bucket width every window used.
+    pub(super) fn from_windows(
+        t0: u64,
+        points: usize,
+        shift: Option<u32>,
+        windows: impl IntoIterator<Item = WindowFold>,
+    ) -> Option<Timeline> {
+        let mut tl = Timeline::new(t0, points, Vec::new(), 0);
+        if let Some(shift) = shift {
+            tl.series.shift = shift;
+        }
+        for w in windows {
+            if w.bad {
+                return None;
+            }
+            let (base_used, base_acquired) = (tl.used, tl.acquired);
+            let used = |rel: i64| shifted(base_used, rel, w.min_used, w.max_used);
+            let acquired = |rel: i64| shifted(base_acquired, rel, w.min_acquired, w.max_acquired);
+            // The highest bytes of a stretch between marks raise the open epoch's maxima.
+            let stretch = |tl: &mut Timeline, seg_used: i64, seg_acquired: i64| -> Option<()> {
+                if let Some(ep) = &mut tl.open_epoch {
+                    if seg_used != i64::MIN {
+                        ep.gpu_max = ep.gpu_max.max(used(seg_used)?);
+                    }
+                    if seg_acquired != i64::MIN {
+                        ep.held_max = ep.held_max.max(acquired(seg_acquired)?);
+                    }
+                }
+                Some(())
+            };
+            for m in &w.marks {
+                stretch(&mut tl, m.seg_used, m.seg_acquired)?;
+                tl.used = used(m.used)?;
+                tl.acquired = acquired(m.acquired)?;
+                tl.mark(&m.mark);
+            }
+            stretch(&mut tl, w.seg_used, w.seg_acquired)?;
+            if w.ordinal > 0 {
+                let (p, ticks, ordinal) = w.peak_used;
+                let p = used(p)?;
+                if p > tl.peak_used {
+                    tl.peak_used = p;
+                    tl.peak_used_ticks = ticks;
+                    tl.peak_ordinal = Some(tl.ordinal + ordinal);
+                }
+            }
+            if w.ordinal > 0 {
+                let (p, ticks) = w.peak_acquired;
+                let p = acquired(p)?;
+                if p > tl.peak_acquired {
+                    tl.peak_acquired = p;
+                    tl.peak_acquired_ticks = ticks;
+                }
+            }
+            if shift.is_some() {
+                let d = &mut tl.series;
+                for (i, b) in &w.buckets {
+                    let i = usize::try_from(*i).ok().filter(|&i| i < d.cap)?;
+                    if i >= d.buckets.len() {
+                        d.buckets.resize(i + 1, None);
+                    }
+                    let now = Bucket {
+                        used: used(b.used)?,
+                        acquired: acquired(b.acquired)?,
+                        used_ordinal: tl.ordinal + b.used_ordinal,
+                    };
+                    let slot = &mut d.buckets[i];
+                    *slot = Some(match *slot {
+                        Some(b) => b.max(now),
+                        None => now,
+                    });
+                }
+            }
+            tl.used = used(w.used)?;
+            tl.acquired = acquired(w.acquired)?;
+            tl.ordinal += w.ordinal;
+            if let Some(t) = w.last_ticks {
+                tl.last_ticks = t;
+            }
+            tl.mallocs += w.mallocs;
+            tl.frees += w.frees;
+            tl.allocs += w.allocs;
+            tl.releases += w.releases;
+            tl.ooms += w.ooms;
+        }
+        Some(tl)
+    }
 }

@@ -90,6 +90,7 @@ pub(super) fn per_stack(
             || PerStack::new(stacks),
             |mut acc, window| {
                 for c in window {
+                    trace.check_deferred(c);
                     match c.kind {
                         ChunkKind::Mem if skip_packed_mem && c.packed => {}
                         ChunkKind::Mem => {
@@ -121,46 +122,52 @@ pub(super) fn fold_mem(
     let mut events = 0u64;
     let mut last_ticks = 0;
     for e in events_in {
-        let kind = e.kind();
-        if kind == fb::MemKind::Rebase {
+        if e.kind() == fb::MemKind::Rebase {
             base = e.ptr();
             continue;
         }
         events += 1;
         let ticks = base.wrapping_add(e.ts() as u64);
         last_ticks = ticks;
-        match kind {
-            // Counted at the post event, which carries the request as the pre event did, plus
-            // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
-            // null pointer). Every request counts, as Chainer's and CuPy's pre hooks count it.
-            fb::MemKind::MallocPost => {
-                let size = units.mem_size(e.device(), e.bytes());
-                let a = acc.slot(e.stack());
-                a.mallocs += 1;
-                a.used_bytes = a.used_bytes.saturating_add(size);
-                if e.ptr() == 0 && size > 0 {
-                    a.failed_mallocs += 1;
-                    a.failed_used_bytes = a.failed_used_bytes.saturating_add(size);
-                }
-                a.first_mem = a.first_mem.min((0, ticks));
-            }
-            fb::MemKind::AllocPost => {
-                let a = acc.slot(e.stack());
-                a.allocs += 1;
-                a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
-                if e.ptr() == 0 {
-                    a.failed_acquired_bytes = a.failed_acquired_bytes.saturating_add(e.bytes());
-                }
-                a.first_mem = a.first_mem.min((0, ticks));
-            }
-            _ => {}
-        }
+        fold_mem_event(ticks, e, units, acc);
     }
     acc.events += events;
     acc.last_ticks = acc.last_ticks.max(last_ticks);
 }
 
-fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
+/// Folds one memory event (not a rebase) at `ticks` into its stack's counters; the caller
+/// counts it in [`PerStack::events`] and [`PerStack::last_ticks`].
+#[inline]
+pub(super) fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
+    match e.kind() {
+        // Counted at the post event, which carries the request as the pre event did, plus
+        // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
+        // null pointer). Every request counts, as Chainer's and CuPy's pre hooks count it.
+        fb::MemKind::MallocPost => {
+            let size = units.mem_size(e.device(), e.bytes());
+            let a = acc.slot(e.stack());
+            a.mallocs += 1;
+            a.used_bytes = a.used_bytes.saturating_add(size);
+            if e.ptr() == 0 && size > 0 {
+                a.failed_mallocs += 1;
+                a.failed_used_bytes = a.failed_used_bytes.saturating_add(size);
+            }
+            a.first_mem = a.first_mem.min((0, ticks));
+        }
+        fb::MemKind::AllocPost => {
+            let a = acc.slot(e.stack());
+            a.allocs += 1;
+            a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
+            if e.ptr() == 0 {
+                a.failed_acquired_bytes = a.failed_acquired_bytes.saturating_add(e.bytes());
+            }
+            a.first_mem = a.first_mem.min((0, ticks));
+        }
+        _ => {}
+    }
+}
+
+pub(super) fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
     let mut last_ticks = 0;
     for (ticks, e) in trace.scope_timeline(c) {
         acc.events += 1;
