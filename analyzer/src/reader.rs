@@ -273,15 +273,7 @@ const VERIFIER: flatbuffers::VerifierOptions = flatbuffers::VerifierOptions {
 
 impl Trace {
     pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let path = path.as_ref().to_path_buf();
-        let io = |source| ReadError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = std::fs::File::open(&path).map_err(io)?;
-        // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
-        // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (path, map) = map_file(path.as_ref())?;
         Self::from_map(path, map, false)
     }
 
@@ -294,14 +286,7 @@ impl Trace {
     /// again with `open` (which names the corrupted chunks and leaves them out) and replay
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let path = path.as_ref().to_path_buf();
-        let io = |source| ReadError::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = std::fs::File::open(&path).map_err(io)?;
-        // SAFETY: as in `open`.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (path, map) = map_file(path.as_ref())?;
         Self::from_map(path, map, true)
     }
 
@@ -989,6 +974,19 @@ fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
         .chunks_exact(8)
         .position(|w| w != [0u8; 8])
         .map(|i| from + 8 * i as u64)
+}
+
+/// The file mapped read-only.
+fn map_file(path: &Path) -> Result<(PathBuf, Mmap), ReadError> {
+    let io = |source| ReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
+    // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    Ok((path.to_path_buf(), map))
 }
 
 /// Whether a chunk's checksum holds (by the rule of the file's format minor version).
