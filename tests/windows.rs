@@ -77,6 +77,10 @@ fn fixtures_replay_the_same_in_windows() {
     assert!(paths.len() >= 10, "{paths:?}");
     for p in paths {
         assert_same(&p, &[1, 5, 40, 1 << 18], true);
+        // Every format version's checksums are checked right when deferred to the replay.
+        let t = Trace::open_deferred(&p).unwrap();
+        replay_split(&t, 0, &ReplayOptions::default(), Split::Windows(5)).unwrap();
+        assert!(t.checksums_hold(), "{}: deferred checksums", p.display());
     }
 }
 
