@@ -401,9 +401,8 @@ pub(super) struct Stream<'a> {
     end: (usize, usize),
     /// The chunk `cur` is still to be read (the walk has not started).
     unread: bool,
-    /// Ticks of the first and the last event taken, and whether an event was taken earlier
-    /// than the one before it (only in a damaged trace or after a clock jumped back).
-    pub(super) first: Option<u64>,
+    /// Ticks of the last event taken, and whether an event was taken earlier than the one
+    /// before it (only in a damaged trace or after a clock jumped back).
     pub(super) last: u64,
     pub(super) went_back: bool,
     /// File offset of the chunk being read (`u64::MAX` once done), for page release.
@@ -429,7 +428,6 @@ impl<'a> Stream<'a> {
             base: from.base,
             end,
             unread: (from.chunk, from.at) < end && from.chunk < chunks.len(),
-            first: None,
             last: 0,
             went_back: false,
             position: chunks.get(from.chunk).map_or(u64::MAX, |c| c.offset),
@@ -461,11 +459,7 @@ impl<'a> Stream<'a> {
             self.load(trace, sink);
         }
         loop {
-            let limit = if self.cur == self.end.0 {
-                self.end.1.min(self.events.len())
-            } else {
-                self.events.len()
-            };
+            let limit = self.limit();
             while self.at < limit {
                 let e = &self.events[self.at];
                 if e.kind() == fb::MemKind::Rebase {
@@ -495,6 +489,15 @@ impl<'a> Stream<'a> {
         }
     }
 
+    /// How many of the chunk in hand's events the walk takes at most.
+    fn limit(&self) -> usize {
+        if self.cur == self.end.0 {
+            self.end.1.min(self.events.len())
+        } else {
+            self.events.len()
+        }
+    }
+
     fn finish(&mut self) -> Option<u64> {
         self.position = u64::MAX;
         self.events = Events::default();
@@ -505,21 +508,10 @@ impl<'a> Stream<'a> {
     /// chunk in hand goes (the stream was peeked, so one is).
     #[inline]
     fn run<S: Sink>(&mut self, bound: u64, sink: &mut S) -> Run {
-        let limit = if self.cur == self.end.0 {
-            self.end.1.min(self.events.len())
-        } else {
-            self.events.len()
-        };
-        let events = &self.events[..limit];
+        let events = &self.events[..self.limit()];
         let (mut at, mut base, mut last) = (self.at, self.base, self.last);
         let mut went_back = false;
         let mut out = Run::Exhausted;
-        if self.first.is_none() {
-            self.first = events[at..]
-                .iter()
-                .find(|e| e.kind() != fb::MemKind::Rebase)
-                .map(|e| base.wrapping_add(e.ts() as u64));
-        }
         while at < events.len() {
             let e = &events[at];
             if e.kind() == fb::MemKind::Rebase {
@@ -798,8 +790,8 @@ fn merge<'a>(
 /// pool's bytes are counted from 0 at the window's start; the series' buckets and the marks
 /// keep those relative values, made absolute once the bytes before the window are known.
 pub(super) struct WindowFold {
-    /// Ticks of this window's events lie in `lo..=hi`.
-    lo: u64,
+    /// Ticks of this window's events are at most `hi` (and at least the instant it starts
+    /// at: each stream starts at its first event from then on).
     hi: u64,
     t0: u64,
     /// The series' bucket width (a shift of ticks), the same in every window; `None`: no series.
@@ -863,10 +855,9 @@ pub(super) fn series_shift(t0: u64, last: u64, points: usize) -> Option<u32> {
 }
 
 impl WindowFold {
-    /// A window whose events lie in `lo..=hi`.
-    pub(super) fn new(lo: u64, hi: u64, t0: u64, shift: Option<u32>) -> Self {
+    /// A window whose events are at most `hi`.
+    pub(super) fn new(hi: u64, t0: u64, shift: Option<u32>) -> Self {
         WindowFold {
-            lo,
             hi,
             t0,
             shift,
@@ -894,14 +885,11 @@ impl WindowFold {
     }
 
     /// Checks a stream the window merged: the window goes `bad` where its part might differ
-    /// from the one merge's: an event outside the window's time, or a stream going back in
-    /// time (only in a damaged trace, or after a clock jumped back).
+    /// from the one merge's: an event after the window's end, or a stream going back in time
+    /// (only in a damaged trace, or after a clock jumped back). Its first event is no earlier
+    /// than the window's start: the cut placed it there.
     pub(super) fn check(&mut self, s: &Stream) {
-        if let Some(first) = s.first {
-            if s.went_back || first < self.lo || s.last > self.hi {
-                self.bad = true;
-            }
-        }
+        self.bad |= s.went_back || s.last > self.hi;
     }
 
     /// One memory event, as [`Timeline::mem`] takes it. Bytes that leave the range the one
@@ -1033,8 +1021,6 @@ impl Timeline {
                     tl.peak_used_ticks = ticks;
                     tl.peak_ordinal = Some(tl.ordinal + ordinal);
                 }
-            }
-            if w.ordinal > 0 {
                 let (p, ticks) = w.peak_acquired;
                 let p = acquired(p)?;
                 if p > tl.peak_acquired {

@@ -90,18 +90,17 @@ pub(super) fn per_stack(
             || PerStack::new(stacks),
             |mut acc, window| {
                 for c in window {
-                    trace.check_deferred(c);
                     match c.kind {
-                        ChunkKind::Mem if skip_packed_mem && c.packed => {}
                         ChunkKind::Mem => {
-                            fold_mem(&trace.mem_events(c), c.base_ticks, &units, &mut acc)
+                            trace.check_deferred(c);
+                            if !(skip_packed_mem && c.packed) {
+                                fold_mem(&trace.mem_events(c), c.base_ticks, &units, &mut acc);
+                            }
+                            if let Some(p) = progress {
+                                p.fetch_add(c.len as u64, Ordering::Relaxed);
+                            }
                         }
-                        ChunkKind::Scope => fold_scopes(trace, c, &mut acc),
-                        ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
-                        ChunkKind::Defs | ChunkKind::Footer => {}
-                    }
-                    if let Some(p) = progress {
-                        p.fetch_add(c.len as u64, Ordering::Relaxed);
+                        _ => fold_other(trace, c, &mut acc, progress),
                     }
                 }
                 trace.release_window(window);
@@ -109,6 +108,25 @@ pub(super) fn per_stack(
             },
         )
         .reduce(|| PerStack::new(stacks), PerStack::merge)
+}
+
+/// Checks (a deferred checksum) and folds a chunk other than a memory chunk: scopes by
+/// stack, marks counted, definitions and footers hold no events; and counts its bytes done.
+pub(super) fn fold_other(
+    trace: &Trace,
+    c: &ChunkInfo,
+    acc: &mut PerStack,
+    progress: Option<&AtomicU64>,
+) {
+    trace.check_deferred(c);
+    match c.kind {
+        ChunkKind::Scope => fold_scopes(trace, c, acc),
+        ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
+        ChunkKind::Mem | ChunkKind::Defs | ChunkKind::Footer => {}
+    }
+    if let Some(p) = progress {
+        p.fetch_add(c.len as u64, Ordering::Relaxed);
+    }
 }
 
 /// Folds one chunk's memory events, which count from `base_ticks`.
@@ -167,7 +185,7 @@ pub(super) fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &
     }
 }
 
-pub(super) fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
+fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
     let mut last_ticks = 0;
     for (ticks, e) in trace.scope_timeline(c) {
         acc.events += 1;

@@ -14,7 +14,7 @@
 //! by the one merge instead ([`super::replay`] falls back), so the figures never depend on
 //! how the work was split.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use poolsight_schema::fb;
 use rayon::prelude::*;
@@ -23,7 +23,7 @@ use super::ordered::{
     mem_chunks_by_thread, merge_streams, series_shift, sorted_marks, Cursor, Sink, Stream,
     Timeline, WindowFold,
 };
-use super::stacks::{fold_mem, fold_scopes, PerStack};
+use super::stacks::{fold_mem, fold_other, PerStack};
 use super::Units;
 use crate::reader::{ChunkInfo, ChunkKind, Trace};
 
@@ -235,7 +235,7 @@ impl<'t> Window<'_, 't> {
         let first = marks.partition_point(|m| m.ticks() < lo);
         let past = marks.partition_point(|m| m.ticks() <= hi);
         let mine = &marks[first..past.max(first)];
-        let mut fold = WindowFold::new(lo, hi, t0, shift);
+        let mut fold = WindowFold::new(hi, t0, shift);
         let mut sink = WindowSink {
             trace,
             fold: &mut fold,
@@ -252,19 +252,11 @@ impl<'t> Window<'_, 't> {
         let owned =
             self.start.map_or(0, |c| c.owner)..self.end.map_or(trace.chunks.len(), |c| c.owner);
         let mut done: Vec<&ChunkInfo> = Vec::new();
-        for c in &trace.chunks[owned] {
-            if c.kind != ChunkKind::Mem {
-                trace.check_deferred(c);
-            }
-            match c.kind {
-                ChunkKind::Mem => continue,
-                ChunkKind::Scope => fold_scopes(trace, c, acc),
-                ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
-                ChunkKind::Defs | ChunkKind::Footer => {}
-            }
-            if let Some(p) = progress {
-                p.fetch_add(c.len as u64, Ordering::Relaxed);
-            }
+        for c in trace.chunks[owned]
+            .iter()
+            .filter(|c| c.kind != ChunkKind::Mem)
+        {
+            fold_other(trace, c, acc, progress);
             done.push(c);
         }
         // The memory chunks whose last event was merged here.
