@@ -21,20 +21,22 @@ pub fn warn(w: &LoadWarning) {
     eprintln!("poolsight: warning: {text}");
 }
 
-/// Opens and replays the traces ([`load::open_all`], [`load::replay_all`]), printing the
-/// warnings once they are open and a progress bar while replaying.
+/// Opens and replays the traces ([`load::load`]: each chunk's checksum is checked as the
+/// replay reads it), with a progress bar while replaying, then prints the warnings.
 pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
     for p in paths {
         check_trace_path(p)?;
     }
-    let opened = load::open_all(paths)?;
-    opened.warnings.iter().for_each(warn);
-    let profiles = replay_traces(&opened.traces, opts);
-    Ok(Loaded {
-        traces: opened.traces,
-        profiles,
-        warnings: opened.warnings,
-    })
+    let mut bar = ProgressBar::new();
+    let opts = ReplayOptions {
+        progress: Some(Arc::clone(&bar.done)),
+        ..opts
+    };
+    let loaded = load::load(paths, &opts, |total| bar.begin("replaying", total));
+    bar.finish();
+    let loaded = loaded?;
+    loaded.warnings.iter().for_each(warn);
+    Ok(loaded)
 }
 
 /// A directory named where a trace file is expected gets its own message (opening it would
