@@ -273,6 +273,20 @@ pub fn main() -> ExitCode {
 /// Runs the command line `args` (`args[0]` is the program name) and returns the exit code:
 /// 0 ok, 1 a `diff` rule was crossed, 2 bad input or usage. Never exits the process, so the
 /// Python package can run it in-process.
+/// Stack for each of rayon's workers. The reports recurse over the calling-context tree (at
+/// most 1,024 levels, see the replay), and some run on the workers, whose default 2 MiB a
+/// debug build's frames fill well before that depth. Address space only: untouched pages
+/// cost nothing.
+const WORKER_STACK: usize = 64 << 20;
+
+/// Sizes rayon's global pool for [`WORKER_STACK`], unless something in this process (a Python
+/// session that replayed already) started the pool first.
+fn roomy_workers() {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .stack_size(WORKER_STACK)
+        .build_global();
+}
+
 pub fn run_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -282,6 +296,7 @@ where
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
+    roomy_workers();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

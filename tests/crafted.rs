@@ -422,3 +422,69 @@ fn a_zero_footer_slot_hides_nothing_else() {
     assert!(t.warnings.iter().any(|w| w.what.contains("footer slot")));
     assert_eq!(info::info(&t).total_events, events_before);
 }
+
+#[test]
+fn a_stack_chained_without_end_keeps_every_command_shallow() {
+    // A crafted trace: 20,000 stacks, each the child of the one before, with mallocs along the
+    // chain. The call tree stops at its depth cap, so no report walks 20,000 levels deep.
+    let path = tmp("deep-chain.pstrace");
+    let rec = Recorder::create(&path, RecorderConfig::default()).unwrap();
+    let h = rec.handle();
+    let mut stack = 0;
+    for i in 0..20_000u32 {
+        let frame = h.intern_frame(&Frame {
+            kind: FrameKind::Function,
+            phase: Phase::Forward,
+            file: "deep.py".into(),
+            line: i,
+            name: format!("f{i}"),
+        });
+        stack = h.intern_stack(stack, frame);
+        if i % 1000 == 999 {
+            h.record_mem(MemRecord {
+                kind: MemKind::MallocPost,
+                device: 0,
+                stream: 0,
+                ptr: 0x1000 + u64::from(i),
+                bytes: 512,
+                stack,
+                pmem: 0,
+            });
+        }
+    }
+    drop(h);
+    rec.finish().unwrap();
+    let out = tmp("deep-chain-out");
+    std::fs::create_dir_all(&out).unwrap();
+    let p = path.to_str().unwrap();
+    let o = |name: &str| out.join(name).to_str().unwrap().to_owned();
+    let runs: Vec<Vec<String>> = vec![
+        vec!["report".into(), p.into()],
+        vec!["lines".into(), p.into()],
+        vec!["flamegraph".into(), p.into(), "-o".into(), o("f.svg")],
+        vec!["html".into(), p.into(), "-o".into(), o("r.html")],
+        vec!["diff".into(), p.into(), p.into()],
+        vec![
+            "export".into(),
+            "--format".into(),
+            "parquet".into(),
+            "--tables".into(),
+            "summary".into(),
+            "-o".into(),
+            o("pq"),
+            p.into(),
+        ],
+    ];
+    for args in runs {
+        let r = std::process::Command::new(env!("CARGO_BIN_EXE_poolsight"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            r.status.code(),
+            Some(0),
+            "poolsight {args:?}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+    }
+}

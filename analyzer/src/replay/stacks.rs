@@ -232,12 +232,13 @@ pub(super) fn build_tree(
     let mut tree = CallTree::default();
     let mut node_of: HashMap<u32, usize> = HashMap::new();
     node_of.insert(0, 0);
+    let mut depth = vec![0];
     // Sorted ids make the tree's construction order, hence its output, deterministic.
     let mut ids: Vec<u32> = aggs.keys().chain(live.keys()).copied().collect();
     ids.sort_unstable();
     ids.dedup();
     for id in ids {
-        let node = node_for(trace, &mut tree, &mut node_of, id);
+        let node = node_for(trace, &mut tree, &mut node_of, &mut depth, id);
         let a = aggs.get(&id).copied().unwrap_or_default();
         tree.nodes[node].agg.add(&Agg {
             live_at_peak_bytes: live.get(&id).copied().unwrap_or(0),
@@ -248,10 +249,19 @@ pub(super) fn build_tree(
     tree
 }
 
+/// Deepest node of the calling-context tree. A damaged trace can chain stacks without end,
+/// one level per id; frames deeper than this count at the deepest node, so that every walk
+/// over the tree (the reports recurse) stays within a thread's stack, rayon's 2 MiB workers
+/// included. Real stacks are far shallower (Python's recursion limit is 1,000 frames).
+const MAX_TREE_DEPTH: usize = 1024;
+
+/// The tree node of an interned stack, created with its ancestors where missing. `depth`
+/// holds each node's depth, at most [`MAX_TREE_DEPTH`].
 fn node_for(
     trace: &Trace,
     tree: &mut CallTree,
     node_of: &mut HashMap<u32, usize>,
+    depth: &mut Vec<usize>,
     id: u32,
 ) -> usize {
     if let Some(&n) = node_of.get(&id) {
@@ -291,7 +301,14 @@ fn node_for(
     }
     let mut at = top;
     for (sid, frame) in chain.into_iter().rev() {
-        at = tree.child(at, &frame);
+        let d = depth[at];
+        if d < MAX_TREE_DEPTH {
+            at = tree.child(at, &frame);
+            if at >= depth.len() {
+                depth.resize(at + 1, 0);
+            }
+            depth[at] = d + 1;
+        }
         node_of.insert(sid, at);
     }
     at
@@ -302,6 +319,6 @@ fn node_for(
 pub(super) fn frames_of_stack(trace: &Trace, id: u32) -> Vec<Frame> {
     let mut tree = CallTree::default();
     let mut node_of = HashMap::from([(0, 0)]);
-    let node = node_for(trace, &mut tree, &mut node_of, id);
+    let node = node_for(trace, &mut tree, &mut node_of, &mut vec![0], id);
     tree.path(node).into_iter().cloned().collect()
 }
