@@ -431,7 +431,7 @@ fn emit<T: serde::Serialize>(
                 if i == 0 {
                     writeln!(out, "trace,{header}")?;
                 }
-                let cell = csv_cell(name);
+                let cell = poolsight::analyzer::csv::cell(name);
                 for record in csv_records(rows) {
                     writeln!(out, "{cell},{record}")?;
                 }
@@ -775,7 +775,6 @@ fn export_parquet(
                 ParquetTables::All => dataset::Tables::All,
             },
             run_id,
-            allow_incomplete,
             progress: Some(progress),
         };
         dataset::export(&opened, dir, &opts)
@@ -806,15 +805,6 @@ fn write_html(traces: &[PathBuf], output: &Path, title: &str) -> anyhow::Result<
     )?;
     let page = html::report_page(title, &loaded.traces, &loaded.profiles);
     term::write_file(output, page.as_bytes())
-}
-
-/// A CSV cell: quoted when it holds a comma, a quote or a line break.
-fn csv_cell(text: &str) -> String {
-    if text.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", text.replace('"', "\"\""))
-    } else {
-        text.to_string()
-    }
 }
 
 /// The records of CSV text (without its header), each possibly spanning lines inside quotes.

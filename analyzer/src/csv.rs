@@ -39,15 +39,18 @@ fn push_line(out: &mut String, cells: &[String]) {
         if i > 0 {
             out.push(',');
         }
-        if c.contains([',', '"', '\n', '\r']) {
-            out.push('"');
-            out.push_str(&c.replace('"', "\"\""));
-            out.push('"');
-        } else {
-            out.push_str(c);
-        }
+        out.push_str(&cell(c));
     }
     out.push('\n');
+}
+
+/// A CSV cell: quoted when it holds a comma, a quote or a line break (RFC 4180).
+pub fn cell(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\"")).into()
+    } else {
+        text.into()
+    }
 }
 
 /// A value that has no CSV cell (a nested struct, a sequence, a map).

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::reader::{ReadError, Trace, Warning};
+use crate::reader::{Header, ReadError, Trace, Warning};
 use crate::replay::{progress_total, replay, Profile, ReplayOptions};
 
 /// Why traces could not be loaded together.
@@ -91,13 +91,17 @@ fn run_of(t: &Trace) -> (&[String], Option<u32>) {
     (&t.header.command_line, t.header.world_size)
 }
 
+/// Whether two headers are of one recording (the same file, or a copy of it): same process,
+/// host and start.
+pub fn same_recording(a: &Header, b: &Header) -> bool {
+    (a.pid, &a.host, a.unix_ns, a.ticks0) == (b.pid, &b.host, b.unix_ns, b.ticks0)
+}
+
 fn check_duplicates(traces: &[Trace]) -> Result<(), LoadError> {
     for (i, a) in traces.iter().enumerate() {
         for b in &traces[..i] {
             let (ha, hb) = (&a.header, &b.header);
-            if (ha.pid, &ha.host, ha.unix_ns, ha.ticks0)
-                == (hb.pid, &hb.host, hb.unix_ns, hb.ticks0)
-            {
+            if same_recording(ha, hb) {
                 return Err(LoadError::SameTrace {
                     first: b.path.clone(),
                     second: a.path.clone(),

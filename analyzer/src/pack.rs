@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use flatbuffers::FlatBufferBuilder;
 use poolsight_schema::{
-    align8, chunk_crc, fb, header_crc, meta_field, meta_offset, Prelude, FORMAT_MAJOR,
+    align8, chunk_crc, fb, finish_chunk, header_region, meta_field, meta_offset, FORMAT_MAJOR,
     FORMAT_MINOR, HEADER_CRC_LEN, PRELUDE_LEN,
 };
 use rayon::prelude::*;
@@ -63,6 +63,12 @@ pub enum PackError {
     },
     #[error("{} is the trace being packed: write the packed trace to another file", path.display())]
     SameFile { path: PathBuf },
+    /// zstd refused (out of memory, or a level it does not take).
+    #[error("compressing a chunk failed: {source}")]
+    Compress {
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Groups merged into one batch of parallel work: bounds what is held in memory at once.
@@ -112,10 +118,11 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
         let packed: Vec<Vec<u8>> = batch
             .par_iter()
             .map(|g| match g {
-                Group::Copy(c) => copy_chunk(trace, c),
+                Group::Copy(c) => Ok(copy_chunk(trace, c)),
                 Group::Events(cs) => pack_events(trace, cs, opts.level),
             })
-            .collect();
+            .collect::<Result<_, _>>()
+            .map_err(|source| PackError::Compress { source })?;
         for (g, bytes) in batch.iter().zip(&packed) {
             if let Group::Events(cs) = g {
                 summary.events += cs.iter().map(|c| c.events as u64).sum::<u64>();
@@ -197,7 +204,7 @@ fn copy_chunk(trace: &Trace, c: &ChunkInfo) -> Vec<u8> {
     bytes
 }
 
-fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> Vec<u8> {
+fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<Vec<u8>> {
     let first = cs[0];
     let rebase = |c: &ChunkInfo, i: usize| i > 0 && c.kind != ChunkKind::Mark;
     let (body, events, encoded) = match first.kind {
@@ -238,9 +245,7 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> Vec<u8> {
             (fb::ChunkBody::MarkEvents, ev.len(), Encoder::mark(&ev))
         }
     };
-    // zstd only fails on a bad parameter or an allocation failure; a level out of range is
-    // clamped by zstd itself.
-    let data = packed::compress(&encoded, level).unwrap_or_default();
+    let data = packed::compress(&encoded, level)?;
     let mut fbb = FlatBufferBuilder::with_capacity(data.len() + 256);
     let data = fbb.create_vector(&data);
     let more: Vec<u64> = cs[1..].iter().map(|c| c.seq).collect();
@@ -264,25 +269,7 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> Vec<u8> {
     let used = bytes.len() - 4;
     bytes.resize(align8(bytes.len() as u64) as usize, 0);
     seal(&mut bytes, first, used);
-    bytes
-}
-
-fn finish_chunk(
-    fbb: &mut FlatBufferBuilder,
-    body_type: fb::ChunkBody,
-    body: flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
-) -> Vec<u8> {
-    let meta = fb::ChunkMeta::new(0, 0, 0, 0, 0, fb::ChunkState::Open);
-    let root = fb::Chunk::create(
-        fbb,
-        &fb::ChunkArgs {
-            meta: Some(&meta),
-            body_type,
-            body: Some(body),
-        },
-    );
-    fb::finish_size_prefixed_chunk_buffer(fbb, root);
-    fbb.finished_data().to_vec()
+    Ok(bytes)
 }
 
 /// Sets the size prefix to the padded length and seals the chunk with `c`'s identity: seq,
@@ -404,15 +391,4 @@ fn build_header(trace: &Trace) -> Vec<u8> {
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);
     fbb.finished_data().to_vec()
-}
-
-/// Bytes `[0, data_offset)`: prelude, header, zero padding, and the header checksum.
-fn header_region(data_offset: u64, header: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; data_offset as usize];
-    out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
-    out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);
-    let crc_at = out.len() - HEADER_CRC_LEN;
-    let crc = header_crc(&out[..crc_at]);
-    out[crc_at..].copy_from_slice(&crc.to_le_bytes());
-    out
 }

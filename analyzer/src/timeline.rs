@@ -278,8 +278,9 @@ fn trim(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// Text from traces (paths, names) is user data; it must not be read as markup.
-fn escape(s: &str) -> String {
+/// Text from traces (paths, names) is user data; it must not be read as markup (SVG or
+/// HTML); control characters, which XML forbids, become spaces.
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -159,6 +159,41 @@ pub fn header_crc(region: &[u8]) -> u32 {
     crc32fast::hash(region)
 }
 
+/// Bytes `[0, data_offset)` of a trace file: prelude, the size-prefixed `header` buffer, zero
+/// padding, and the header checksum ([`header_crc`]) in the last 4 bytes. What the recorder
+/// and the packer both write first.
+pub fn header_region(data_offset: u64, header: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; data_offset as usize];
+    out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
+    out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);
+    let crc_at = out.len() - HEADER_CRC_LEN;
+    let crc = header_crc(&out[..crc_at]);
+    out[crc_at..].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Finishes a chunk with a zeroed, Open meta and returns its size-prefixed bytes (the builder
+/// is reset for the next). The writer fills in the meta and seals it.
+pub fn finish_chunk(
+    fbb: &mut flatbuffers::FlatBufferBuilder,
+    body_type: fb::ChunkBody,
+    body: flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
+) -> Vec<u8> {
+    let meta = fb::ChunkMeta::new(0, 0, 0, 0, 0, fb::ChunkState::Open);
+    let root = fb::Chunk::create(
+        fbb,
+        &fb::ChunkArgs {
+            meta: Some(&meta),
+            body_type,
+            body: Some(body),
+        },
+    );
+    fb::finish_size_prefixed_chunk_buffer(fbb, root);
+    let bytes = fbb.finished_data().to_vec();
+    fbb.reset();
+    bytes
+}
+
 /// Where a chunk's checksum starts, by format minor: 1.1 and later cover the 4-byte size
 /// prefix too, so a damaged size of a sealed chunk is caught; 1.0 starts after it.
 pub const fn crc_covers_size_prefix(minor: u16) -> bool {

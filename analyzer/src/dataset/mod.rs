@@ -105,8 +105,6 @@ pub struct ExportOptions {
     pub tables: Tables,
     /// One run id for every trace given (a scheduler's job id, say), instead of the computed.
     pub run_id: Option<String>,
-    /// Export damaged traces as far as they are readable instead of refusing them.
-    pub allow_incomplete: bool,
     /// Bytes of trace chunks exported so far, for a progress bar; counts up to
     /// [`progress_total`].
     pub progress: Option<Arc<AtomicU64>>,
@@ -144,10 +142,7 @@ pub fn open<P: AsRef<Path> + Sync>(
             });
         }
         for b in &traces[..i] {
-            let (ha, hb) = (&a.header, &b.header);
-            if (ha.pid, &ha.host, ha.unix_ns, ha.ticks0)
-                == (hb.pid, &hb.host, hb.unix_ns, hb.ticks0)
-            {
+            if crate::load::same_recording(&a.header, &b.header) {
                 return Err(ExportError::SameTrace {
                     first: b.path.clone(),
                     second: a.path.clone(),

@@ -19,7 +19,11 @@ pub fn render(data: &ReportData) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n",
     );
-    let _ = writeln!(page, "<title>{}</title>", escape_html(&data.title));
+    let _ = writeln!(
+        page,
+        "<title>{}</title>",
+        crate::timeline::escape(&data.title)
+    );
     let _ = writeln!(page, "<style>\n{STYLE}</style>\n</head>\n<body>");
     page.push_str(BODY);
     let _ = writeln!(
@@ -80,21 +84,6 @@ stack that allocated them.</p>
 </main>
 <div id="tooltip" hidden></div>
 "#;
-
-fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// JSON that stays JSON (`JSON.parse` reads the same value) but holds no `<`, `>` or `&`, so
 /// no `</script>` or `<!--` can end or change the element it sits in, and no U+2028/U+2029.

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use flatbuffers::FlatBufferBuilder;
-use poolsight_schema::{chunk_crc, fb, meta_field, meta_offset};
+use poolsight_schema::{chunk_crc, fb, finish_chunk, meta_field, meta_offset};
 
 use super::file::{MappedFile, Region};
 
@@ -117,27 +117,6 @@ impl Template {
 fn vector_start<T>(buf: &[u8], v: Option<flatbuffers::Vector<'_, T>>) -> usize {
     let v = v.expect("template has an event vector");
     v.bytes().as_ptr() as usize - buf.as_ptr() as usize
-}
-
-/// Finishes a chunk with a zeroed, Open meta and returns the size-prefixed bytes.
-pub(crate) fn finish_chunk(
-    fbb: &mut FlatBufferBuilder,
-    body_type: fb::ChunkBody,
-    body: flatbuffers::WIPOffset<flatbuffers::UnionWIPOffset>,
-) -> Vec<u8> {
-    let meta = fb::ChunkMeta::new(0, 0, 0, 0, 0, fb::ChunkState::Open);
-    let root = fb::Chunk::create(
-        fbb,
-        &fb::ChunkArgs {
-            meta: Some(&meta),
-            body_type,
-            body: Some(body),
-        },
-    );
-    fb::finish_size_prefixed_chunk_buffer(fbb, root);
-    let bytes = fbb.finished_data().to_vec();
-    fbb.reset();
-    bytes
 }
 
 /// Writes a complete chunk (definitions, footer) into `region` and seals it.

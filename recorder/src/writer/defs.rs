@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use flatbuffers::FlatBufferBuilder;
 use poolsight_schema::{align8, fb};
 
-use super::chunk::{finish_chunk, write_sealed};
+use super::chunk::write_sealed;
 use super::Shared;
 use crate::kinds::{FrameKind, Phase};
+use poolsight_schema::finish_chunk;
 
 /// A frame as the trace stores it: `file:line:name`, plus what opened it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flatbuffers::FlatBufferBuilder;
-use poolsight_schema::{align8, fb, header_crc, Prelude, HEADER_CRC_LEN, PRELUDE_LEN};
+use poolsight_schema::{align8, fb, finish_chunk, header_region, HEADER_CRC_LEN, PRELUDE_LEN};
 
 pub use defs::{DeviceInfo, Frame};
 pub use thread::MemRecord;
@@ -29,7 +29,7 @@ pub use thread::MemRecord;
 use crate::clock::{self, Calibration};
 use crate::error::RecorderError;
 use crate::kinds::MarkKind;
-use chunk::{finish_chunk, write_sealed, Stream, Template};
+use chunk::{write_sealed, Stream, Template};
 use file::{MappedFile, Region};
 
 /// How the file holds event chunks.
@@ -412,17 +412,6 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);
     fbb.finished_data().to_vec()
-}
-
-/// Bytes `[0, data_offset)`: prelude, header, zero padding, and the checksum of all of them.
-fn header_region(data_offset: u64, header: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; data_offset as usize];
-    out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
-    out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);
-    let crc_at = out.len() - HEADER_CRC_LEN;
-    let crc = header_crc(&out[..crc_at]);
-    out[crc_at..].copy_from_slice(&crc.to_le_bytes());
-    out
 }
 
 fn hostname() -> String {
