@@ -274,3 +274,35 @@ fn failed_requests_and_attempts_count_in_functions_and_lines_but_not_in_the_pool
         "the pool never held the failed request"
     );
 }
+
+#[test]
+fn an_addressed_allocation_with_stack_0_records_the_open_scopes() {
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-addressed", 1 << 20);
+    let path = rec.path();
+    let h = rec.handle();
+    let (scope, chosen) = {
+        let _hook = TraceHook::new(h.clone()).install();
+        let pool = poolsight::pool::AddressedPool::new(pool);
+        let f = h.function("Conv", Phase::Forward);
+        let a = pool.malloc(512, 0, 0).expect("malloc");
+        let chosen = f.stack();
+        let b = pool.malloc(512, 0, 12345).expect("malloc");
+        pool.free(a).expect("free");
+        pool.free(b).expect("free");
+        (f.stack(), chosen)
+    };
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let stacks: Vec<u32> = t
+        .mem_of(MemKind::MallocPost)
+        .iter()
+        .map(|m| m.stack())
+        .collect();
+    assert_ne!(scope, 0);
+    assert_eq!(
+        stacks,
+        [chosen, 12345],
+        "0: the open scopes (no call site); any other id as given"
+    );
+}

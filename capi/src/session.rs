@@ -276,10 +276,6 @@ impl SessionPool {
 
     /// Allocates; `stack` 0 records the open scopes of this thread.
     pub fn malloc(&self, size: u64, stream: u32, stack: u32) -> Result<u64, SessionError> {
-        let stack = match (&self.session, stack) {
-            (Some(s), 0) => s.current_stack().unwrap_or(0),
-            _ => stack,
-        };
         Ok(self.pool.malloc(size, stream, stack)?)
     }
 

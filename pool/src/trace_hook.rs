@@ -24,7 +24,8 @@ thread_local! {
 
 /// Runs `f` (an allocation) with `stack` recorded as its calling context instead of the Rust
 /// call site: the way for a caller that knows its context better (a Python traceback, a C
-/// program's own frames) to name it. Nests; restores the previous choice when `f` returns.
+/// program's own frames) to name it; 0 names the open scopes of the calling thread (no Rust
+/// call site). Nests; restores the previous choice when `f` returns.
 pub fn with_stack<R>(stack: u32, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<u32>);
     impl Drop for Restore {
@@ -129,11 +130,12 @@ fn low32(pmem_id: u64) -> u32 {
 }
 
 impl TraceHook {
-    /// The allocation's stack: a foreign caller's choice ([`with_stack`]), else the open
-    /// scopes plus the Rust call site.
+    /// The allocation's stack: a foreign caller's choice ([`with_stack`]; 0 asks for the open
+    /// scopes of this thread), else the open scopes plus the Rust call site.
     #[inline]
     fn stack(&self, caller: &'static std::panic::Location<'static>) -> u32 {
         match STACK_OVERRIDE.with(Cell::get) {
+            Some(0) => self.handle.current_stack(),
             Some(stack) => stack,
             None => self.handle.site_stack(caller),
         }
