@@ -7,13 +7,16 @@ use std::process::Command;
 use poolsight_analyzer::functions::functions;
 use poolsight_analyzer::{replay, ReplayOptions, Trace};
 
-/// target/<profile>/, where cargo puts this crate's shared library.
-fn library_dir() -> PathBuf {
+/// Where this crate's shared library is: `cargo test` builds it beside this test binary
+/// (target/<profile>/deps/), `cargo build` in target/<profile>/.
+fn library_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().expect("test binary path");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps/<test>")
-        .to_path_buf()
+    let deps = exe.parent()?.to_path_buf();
+    let profile = deps.parent().map(Path::to_path_buf);
+    [Some(deps), profile]
+        .into_iter()
+        .flatten()
+        .find(|d| d.join("libpoolsight_capi.so").exists())
 }
 
 #[test]
@@ -21,16 +24,9 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let exe = tmp.join(format!("smoke-{}", std::process::id()));
-    let lib = library_dir();
-    // `cargo test` builds this crate as an rlib only; scripts/test.sh builds the shared
-    // library first (`cargo build -p poolsight-capi`).
-    if !lib.join("libpoolsight_capi.so").exists() {
-        eprintln!(
-            "skipped: {}/libpoolsight_capi.so is not built (run `cargo build -p poolsight-capi`, as scripts/test.sh does)",
-            lib.display()
-        );
-        return;
-    }
+    let Some(lib) = library_dir() else {
+        panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
+    };
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg("-Wall")

@@ -367,10 +367,11 @@ def track(
         if optimizer is None
         else (list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer])
     )
-    modules = _ModuleScopes(rec, model) if (scopes and model is not None) else None
     key = id(rec._native)
     if key in _trackers:
         raise PoolsightError("track() is already active for this recording")
+    # After the check: a refused call leaves no hooks on the model.
+    modules = _ModuleScopes(rec, model) if (scopes and model is not None) else None
     tracker = _Tracker(rec, model, optimizers)
     _trackers[key] = tracker
     try:

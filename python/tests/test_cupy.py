@@ -186,10 +186,10 @@ def _cupy_with_device():
 def _program(cupy):
     # CuPy's LineProfileHook test, plus an array computation.
     pool = cupy.get_default_memory_pool()
-    p = pool.run(pool.malloc(1000))
+    p = pool.malloc(1000)
     del p
-    p1 = pool.run(pool.malloc(1000))
-    p2 = pool.run(pool.malloc(2000))
+    p1 = pool.malloc(1000)
+    p2 = pool.malloc(2000)
     a = cupy.arange(10000, dtype=cupy.float32)
     b = (a * 2).sum()
     del p1, p2, a, b
