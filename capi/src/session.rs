@@ -229,8 +229,9 @@ impl Session {
 /// A pool whose allocations are addressed by pointer, recorded by a session when given one.
 pub struct SessionPool {
     pool: AddressedPool,
-    /// The recording whose hook sees this pool's events, and whose scopes give stack 0.
-    session: Option<Arc<Session>>,
+    /// The recording whose hook sees this pool's events: held so that it (and its hook)
+    /// outlives every allocation made here.
+    _session: Option<Arc<Session>>,
 }
 
 impl SessionPool {
@@ -270,7 +271,7 @@ impl SessionPool {
         }
         Ok(SessionPool {
             pool: AddressedPool::new(pool),
-            session,
+            _session: session,
         })
     }
 
