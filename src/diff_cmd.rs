@@ -9,7 +9,7 @@ use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
 use poolsight::analyzer::flamegraph::{self, FlameError, Metric};
 use poolsight::analyzer::incomplete;
 use poolsight::analyzer::report::{self, ReportOptions};
-use poolsight::analyzer::{html, Profile, ReplayOptions};
+use poolsight::analyzer::{html, Profile, ReplayOptions, Trace};
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
@@ -115,53 +115,44 @@ fn read_rules(path: &Path) -> anyhow::Result<Vec<Rule>> {
     diff::parse_rules_file(&text).with_context(|| format!("{}", path.display()))
 }
 
-/// Each run's figures, and the first run's profile when a flamegraph will need it (the
-/// others are dropped as soon as their figures are taken).
+/// Each run's figures, and the first run's trace and profile when a flamegraph or the HTML
+/// page will need them. A side's traces are runs of one job (their figures are medians), not
+/// the ranks of one run: each is loaded on its own, so rank 0 of two runs is no duplicate.
 struct Side {
     figures: Vec<Figures>,
-    first: Option<Profile>,
+    first: Option<(Trace, Profile)>,
     /// What makes this side partial, if anything.
     partial: Option<String>,
 }
 
 fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
+    let replay = ReplayOptions {
+        live_at_peak,
+        ..ReplayOptions::default()
+    };
     let mut first = None;
     let mut figures = Vec::new();
-    let profiles = crate::term::load_profiles(paths, live_at_peak)?;
-    let sources: Vec<_> = profiles
-        .iter()
-        .flat_map(|p| p.sources.iter().cloned())
-        .collect();
-    let partial = incomplete::describe(&sources);
-    for (i, p) in profiles.into_iter().enumerate() {
-        figures.push(Figures::of(&report::compute(&p, &opts)));
+    let mut sources = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let loaded = crate::term::load_traces(std::slice::from_ref(path), replay.clone())?;
+        let (Some(trace), Some(profile)) = (
+            loaded.traces.into_iter().next(),
+            loaded.profiles.into_iter().next(),
+        ) else {
+            anyhow::bail!("{}: nothing was loaded", path.display());
+        };
+        sources.extend(profile.sources.iter().cloned());
+        figures.push(Figures::of(&report::compute(&profile, &opts)));
         if i == 0 && keep_first {
-            first = Some(p);
+            first = Some((trace, profile));
         }
     }
     Ok(Side {
         figures,
         first,
-        partial,
+        partial: incomplete::describe(&sources),
     })
-}
-
-/// The HTML page of two runs, each replayed again with the bytes live at the peak.
-fn write_html(path: &Path, base: &Path, new: &Path) -> anyhow::Result<()> {
-    let opts = ReplayOptions {
-        live_at_peak: true,
-        ..ReplayOptions::default()
-    };
-    let load = |p: &Path| crate::term::load_traces(&[p.to_path_buf()], opts.clone());
-    let (b, n) = (load(base)?, load(new)?);
-    let title = format!("poolsight diff: {} vs {}", base.display(), new.display());
-    let page = html::diff_page(
-        &title,
-        (&b.traces[0], &b.profiles[0]),
-        (&n.traces[0], &n.profiles[0]),
-    );
-    crate::term::write_file(path, page.as_bytes())
 }
 
 pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
@@ -170,8 +161,10 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     if let Some(path) = &args.rules {
         rules.extend(read_rules(path)?);
     }
-    let live_at_peak = args.flamegraph.is_some() && args.flamegraph_metric == Metric::Peak;
-    let keep = args.flamegraph.is_some();
+    // The HTML page shows the bytes live at the peak; a peak flamegraph draws them.
+    let live_at_peak = args.html.is_some()
+        || (args.flamegraph.is_some() && args.flamegraph_metric == Metric::Peak);
+    let keep = args.flamegraph.is_some() || args.html.is_some();
     let base_side = figures(base_paths, live_at_peak, keep)?;
     let new_side = figures(new_paths, live_at_peak, keep)?;
     let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
@@ -187,7 +180,9 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     let (base_profile, new_profile) = (base_side.first, new_side.first);
     let d = diff::compare(&base_side.figures, &new_side.figures, &rules);
 
-    if let (Some(path), Some(b), Some(n)) = (&args.flamegraph, &base_profile, &new_profile) {
+    if let (Some(path), Some((_, b)), Some((_, n))) =
+        (&args.flamegraph, &base_profile, &new_profile)
+    {
         let title = format!(
             "poolsight diff: {} (red: grew, blue: shrank)",
             args.flamegraph_metric
@@ -202,8 +197,14 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         }
     }
 
-    if let Some(path) = &args.html {
-        write_html(path, &base_paths[0], &new_paths[0])?;
+    if let (Some(path), Some(b), Some(n)) = (&args.html, &base_profile, &new_profile) {
+        let title = format!(
+            "poolsight diff: {} vs {}",
+            base_paths[0].display(),
+            new_paths[0].display()
+        );
+        let page = html::diff_page(&title, (&b.0, &b.1), (&n.0, &n.1));
+        crate::term::write_file(path, page.as_bytes())?;
     }
 
     let show = ShowOptions {

@@ -114,3 +114,63 @@ fn usage_errors_are_one_line_and_list_valid_values() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.lines().count(), 2, "one header, one row: {out}");
 }
+
+/// Runs of a multi-rank job on each side of a diff: rank 0 of one run and rank 0 of another
+/// are two runs, not the same rank given twice (and no rank is "missing" from either).
+#[test]
+fn several_runs_of_rank_0_compare_per_run() {
+    use poolsight::recorder::{MemKind, MemRecord, Recorder, RecorderConfig};
+    let run = |name: &str, bytes: u64| {
+        let path = scratch(name);
+        let rec = Recorder::create(
+            &path,
+            RecorderConfig {
+                rank: Some(0),
+                world_size: Some(1),
+                ..RecorderConfig::default()
+            },
+        )
+        .expect("recorder");
+        let h = rec.handle();
+        for kind in [MemKind::MallocPost, MemKind::FreePost] {
+            h.record_mem(MemRecord {
+                kind,
+                device: 0,
+                stream: 0,
+                ptr: 0x1000,
+                bytes,
+                stack: 0,
+                pmem: 0,
+            });
+        }
+        drop(h);
+        rec.finish().expect("finish");
+        path.display().to_string()
+    };
+    let (b1, b2) = (
+        run("runs-b1.pstrace", 1 << 20),
+        run("runs-b2.pstrace", 1 << 20),
+    );
+    let (n1, n2) = (
+        run("runs-n1.pstrace", 2 << 20),
+        run("runs-n2.pstrace", 2 << 20),
+    );
+    let o = poolsight(&[
+        "diff",
+        "--base",
+        &b1,
+        &b2,
+        "--new",
+        &n1,
+        &n2,
+        "--fail-on",
+        "peak_used>+50%",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("peak_used"), "{out}");
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("not given"),
+        "{o:?}"
+    );
+}
