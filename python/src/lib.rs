@@ -201,6 +201,8 @@ impl Recorder {
     fn freed(&self, size: u64, ptr: u64, device: u32) {
         self.session
             .mem_event(MemKind::FreePost, device, 0, ptr, size, 0, 0);
+        self.session
+            .mem_event(MemKind::Release, device, 0, ptr, size, 0, 0);
     }
 
     /// A context manager opening one scope per ``with``.

@@ -111,6 +111,11 @@ def test_track_frees_what_pytorch_frees(trace):
             del t
     info = report_json("info", trace)
     assert info["events"]["malloc_post"] == info["events"]["free_post"]
+    # Each storage is the device's too (alloc at first sight, release when freed): nothing
+    # stays held once PyTorch freed everything it was seen to allocate.
+    assert info["events"]["alloc_post"] == info["events"]["release"]
+    assert info["pool"]["acquired_at_end_bytes"] == 0
+    assert info["pool"]["peak_acquired_bytes"] >= 1 << 20
 
 
 def test_track_with_python_stacks_names_the_line(trace):
