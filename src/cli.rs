@@ -500,10 +500,16 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 outcome.summary.events,
                 outcome.summary.file_bytes
             )?;
-            let profile = Profile::merge(term::load_profiles(
+            // One replay for the report, the flamegraph and the page (which needs the bytes
+            // live at the peak; the others do not read them).
+            let loaded = term::load_traces(
                 std::slice::from_ref(&outcome.path),
-                false,
-            )?);
+                ReplayOptions {
+                    live_at_peak: true,
+                    ..ReplayOptions::default()
+                },
+            )?;
+            let profile = Profile::merge(loaded.profiles.clone());
             let opts = ReportOptions::default();
             let r = report::compute(&profile, &opts);
             write!(out, "{}", report::render_table(&r, &opts))?;
@@ -520,7 +526,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 "poolsight demo ({})",
                 names(std::slice::from_ref(&outcome.path))
             );
-            write_html(std::slice::from_ref(&outcome.path), &html_path, &title)?;
+            let page = html::report_page(&title, &loaded.traces, &loaded.profiles);
+            term::write_file(&html_path, page.as_bytes())?;
             writeln!(
                 out,
                 "\nflamegraph: {}\ninteractive report: {} (open it in a browser)",
