@@ -150,7 +150,8 @@ pub fn rss_bytes() -> Option<u64> {
     Some(resident * page_size())
 }
 
-fn page_size() -> u64 {
+/// The system's page size (4 KiB where it cannot be read).
+pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if n > 0 {

@@ -32,7 +32,6 @@ const BATCH_ROWS: usize = 1 << 18;
 /// interned parent first (a parent id is smaller), and deeper chains are cut.
 const MAX_STACK_DEPTH: u32 = 4096;
 
-/// CuPy's allocation unit, for devices a damaged trace never defined (as the replay).
 /// The `kind` column's values, in the order of their dictionary codes: `info`'s event keys
 /// (a test holds them equal to [`crate::names::EVENT_KEYS`]), then two for kinds this reader
 /// does not know.

@@ -129,20 +129,20 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves `size` bytes of the limit. `Ok(false)`: not now (release and retry may help);
-    /// `Err`: never (larger than the limit itself).
-    fn try_reserve(&self, size: u64) -> Result<bool, ()> {
+    /// Reserves `size` bytes of the limit; false when they do not fit (now, or ever: a size
+    /// past the limit itself).
+    fn try_reserve(&self, size: u64) -> bool {
         let limit = match self.limit.load(Ordering::Relaxed) {
             0 => u64::MAX,
             l => l,
         };
         if size > limit {
-            return Err(());
+            return false;
         }
         let mut cur = self.total.load(Ordering::Relaxed);
         loop {
             if cur > limit - size {
-                return Ok(false);
+                return false;
             }
             match self.total.compare_exchange_weak(
                 cur,
@@ -150,7 +150,7 @@ impl Inner {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(true),
+                Ok(_) => return true,
                 Err(now) => cur = now,
             }
         }
@@ -235,7 +235,7 @@ impl Inner {
             }
             // A request larger than the limit itself still goes through the three tries, as
             // CuPy's `_try_block_total_bytes` does not tell the two cases apart.
-            if self.try_reserve(mem_size) == Ok(true) {
+            if self.try_reserve(mem_size) {
                 reserved = true;
                 break;
             }

@@ -160,7 +160,7 @@ impl Populate {
     fn new() -> Populate {
         Populate {
             supported: cfg!(target_os = "linux"),
-            page: page_size(),
+            page: crate::cpu::page_size(),
         }
     }
 
@@ -222,16 +222,6 @@ impl Populate {
     fn populate(&mut self, _base: *mut u8, _from: u64, _to: u64) -> bool {
         self.supported = false;
         false
-    }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 {
-        n as u64
-    } else {
-        4096
     }
 }
 
