@@ -727,15 +727,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             level,
         } => {
             term::check_trace_path(&trace)?;
-            let t = Trace::open(&trace)?;
-            for w in &t.warnings {
-                eprintln!("poolsight: warning: {}: {w}", trace.display());
-            }
             let opts = poolsight::analyzer::pack::PackOptions {
                 level,
                 ..Default::default()
             };
-            let s = poolsight::analyzer::pack::pack(&t, &output, &opts)?;
+            let (s, warnings) = poolsight::analyzer::pack::pack_file(&trace, &output, &opts)?;
+            for w in &warnings {
+                eprintln!("poolsight: warning: {}: {w}", trace.display());
+            }
             writeln!(
                 out,
                 "{}: {} events, {} -> {} bytes ({:.2} -> {:.2} bytes/event, {:.1}x smaller)",

@@ -9,6 +9,9 @@ pub use poolsight_pool as pool;
 pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;
 
+mod finish;
+pub use finish::{FinishError, FinishPacked, PackedRecording};
+
 // The CLI's modules name the crate as their users do.
 extern crate self as poolsight;
 

@@ -21,7 +21,7 @@ use poolsight_schema::{
 use rayon::prelude::*;
 
 use crate::packed::{self, Encoder};
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::reader::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
 
 /// How to pack.
 #[derive(Debug, Clone)]
@@ -63,6 +63,9 @@ pub enum PackError {
     },
     #[error("{} is the trace being packed: write the packed trace to another file", path.display())]
     SameFile { path: PathBuf },
+    /// The trace to pack could not be opened (see [`pack_file`]).
+    #[error(transparent)]
+    Read(#[from] ReadError),
     /// zstd refused (out of memory, or a level it does not take).
     #[error("compressing a chunk failed: {source}")]
     Compress {
@@ -73,6 +76,19 @@ pub enum PackError {
 
 /// Groups merged into one batch of parallel work: bounds what is held in memory at once.
 const BATCH: usize = 256;
+
+/// Opens the trace at `input` with every checksum checked and packs it into `out`: what
+/// `poolsight pack` does, and what a recording packed when it finishes does. Returns what the
+/// reader warned about in `input` (chunks left out) beside what was written.
+pub fn pack_file(
+    input: &Path,
+    out: &Path,
+    opts: &PackOptions,
+) -> Result<(PackSummary, Vec<Warning>), PackError> {
+    let mut trace = Trace::open(input)?;
+    let summary = pack(&trace, out, opts)?;
+    Ok((summary, std::mem::take(&mut trace.warnings)))
+}
 
 /// Packs `trace` into a new file at `out`.
 pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary, PackError> {

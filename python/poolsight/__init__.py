@@ -33,6 +33,7 @@ __all__ = [
     "Scope",
     "active",
     "main",
+    "pack",
     "record",
 ]
 
@@ -130,8 +131,18 @@ class Scope:
 class Recording:
     """An open trace file. Made by :func:`record`; closed by :meth:`finish` or the ``with``."""
 
-    def __init__(self, native: _native.Recorder, stacks: str, max_depth: int, cpu: str):
+    def __init__(
+        self,
+        native: _native.Recorder,
+        stacks: str,
+        max_depth: int,
+        cpu: str,
+        pack: str | None = None,
+        pack_level: int = 3,
+    ):
         self._native = native
+        self._pack = pack
+        self._pack_level = pack_level
         self.stacks = stacks
         self.max_depth = max_depth
         self._cpu = cpu
@@ -215,12 +226,30 @@ class Recording:
         """Events that could not be recorded (disk full, size limit, after finish)."""
         return self._native.dropped_events
 
-    def finish(self) -> dict:
+    def finish(self, pack: str | os.PathLike[str] | bool | None = None) -> dict:
         """Seals the trace file. Returns what was written: events, chunks, dropped_events,
-        file_bytes. Raises :class:`PoolsightError` if it was already finished."""
+        file_bytes. Raises :class:`PoolsightError` if it was already finished.
+
+        ``pack`` (default: what :func:`record` was given) also writes a packed copy of the
+        sealed file (see :func:`pack`): a path, or ``True`` for the trace's name with
+        ``.packed.pstrace``; the result then has ``packed_path`` and ``packed_bytes``. The
+        live file is kept. If only packing fails, :class:`PoolsightError` says so and the live
+        file is sealed and complete.
+        """
+        target = self._pack if pack is None else _pack_target(self.path, pack)
         if self in _active:
             _active.remove(self)
-        return self._native.finish()
+        result = self._native.finish()
+        if target is not None:
+            try:
+                packed = _native.pack(self.path, target, self._pack_level)
+            except PoolsightError as e:
+                raise PoolsightError(
+                    f"{self.path} is finished and complete, but packing it failed: {e}"
+                ) from e
+            result["packed_path"] = target
+            result["packed_bytes"] = packed["bytes_out"]
+        return result
 
     def __enter__(self) -> Recording:
         return self
@@ -263,6 +292,8 @@ def record(
     cpu: str | None = "rss",
     rank: int | None = None,
     world_size: int | None = None,
+    pack: str | os.PathLike[str] | bool | None = None,
+    pack_level: int = 3,
 ) -> Recording:
     """Opens a trace file for recording; use it as ``with poolsight.record(path) as rec:``.
 
@@ -274,6 +305,9 @@ def record(
     - ``cpu``: the CPU memory recorded per epoch: ``"rss"``, ``"tracemalloc"`` (tracemalloc's
       exact figures when it is tracing, else RSS) or ``None``.
     - ``rank``/``world_size``: for multi-process jobs; ``poolsight`` merges ranks.
+    - ``pack``: also write a packed copy when the recording finishes (a path, or ``True`` for
+      ``run.packed.pstrace`` beside ``run.pstrace``), at zstd level ``pack_level`` (1..22).
+      The live file is written and kept as always: it is what survives a crash.
 
     A path that cannot be created raises :class:`PoolsightError` here; any later failure
     (disk full) stops recording and is counted in ``dropped_events``, never raised into
@@ -287,6 +321,8 @@ def record(
         raise ValueError(f"cpu must be 'rss', 'tracemalloc' or None, not {cpu!r}")
     if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0:
         raise ValueError(f"max_depth must be an int >= 0, not {max_depth!r}")
+    _check_level(pack_level)
+    target = None if pack is None else _pack_target(os.fspath(path), pack)
     native = _native.Recorder(
         os.fspath(path),
         mode=mode,
@@ -298,9 +334,39 @@ def record(
         cpu_source="none" if cpu is None else "rss",
         command_line=list(sys.argv),
     )
-    rec = Recording(native, stacks, max_depth, cpu or "none")
+    rec = Recording(native, stacks, max_depth, cpu or "none", target, pack_level)
     _active.append(rec)
     return rec
+
+
+def _check_level(level: Any) -> None:
+    if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 22:
+        raise ValueError(f"a zstd level is an int in 1..22, not {level!r}")
+
+
+def _pack_target(trace: str, pack: Any) -> str | None:
+    """Where ``pack`` (``record``'s or ``finish``'s argument) puts the packed copy of ``trace``."""
+    if pack is False:
+        return None
+    if pack is True:
+        stem = trace[: -len(".pstrace")] if trace.endswith(".pstrace") else trace
+        return stem + ".packed.pstrace"
+    if isinstance(pack, (str, os.PathLike)):
+        return os.fspath(pack)
+    raise TypeError(f"pack is a path, True or False, not {type(pack).__name__}")
+
+
+def pack(trace: str | os.PathLike[str], output: str | os.PathLike[str], level: int = 3) -> dict:
+    """Writes a packed copy of the trace file ``trace`` to ``output`` (``poolsight pack``):
+    event chunks encoded as columns and zstd-compressed, typically 5-10x smaller; every
+    ``poolsight`` command reads it as it reads the original. Returns events, bytes_in,
+    bytes_out and the reader's warnings (chunks of a damaged input that were left out).
+    Raises :class:`PoolsightError` for a file that cannot be read or written."""
+    _check_level(level)
+    for name, value in (("trace", trace), ("output", output)):
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"{name} is a path, not {type(value).__name__}")
+    return _native.pack(os.fspath(trace), os.fspath(output), level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -507,6 +507,37 @@ fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
     }
 }
 
+/// Packs the finished trace ``trace`` into ``output`` (what ``poolsight pack`` does); returns
+/// {events, bytes_in, bytes_out, warnings}. The reader's warnings name chunks left out.
+#[pyfunction]
+#[pyo3(signature = (trace, output, level=3))]
+fn pack<'py>(
+    py: Python<'py>,
+    trace: std::path::PathBuf,
+    output: std::path::PathBuf,
+    level: i32,
+) -> PyResult<Bound<'py, PyDict>> {
+    if !(1..=22).contains(&level) {
+        return Err(PyValueError::new_err(format!(
+            "level must be an int in 1..22, not {level}"
+        )));
+    }
+    let opts = poolsight::analyzer::pack::PackOptions {
+        level,
+        ..Default::default()
+    };
+    let (s, warnings) = py
+        .detach(|| poolsight::analyzer::pack::pack_file(&trace, &output, &opts))
+        .map_err(|e| PoolsightError::new_err(e.to_string()))?;
+    let d = PyDict::new(py);
+    d.set_item("events", s.events)?;
+    d.set_item("bytes_in", s.bytes_in)?;
+    d.set_item("bytes_out", s.bytes_out)?;
+    let warnings: Vec<String> = warnings.iter().map(|w| w.to_string()).collect();
+    d.set_item("warnings", warnings)?;
+    Ok(d)
+}
+
 /// Runs the poolsight CLI with ``argv`` (``argv[0]`` is the program name); returns its exit
 /// code. Output goes to this process's stdout and stderr.
 #[pyfunction]
@@ -524,6 +555,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Token>()?;
     m.add_class::<Pool>()?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_function(wrap_pyfunction!(pack, m)?)?;
     torch_alloc::register(m)?;
     cupy_hook::register(m)?;
     cupy_alloc::register(m)?;

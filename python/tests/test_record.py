@@ -144,6 +144,8 @@ def test_a_non_writable_path_raises_at_record(tmp_path):
         ({"stacks": "native"}, "stacks must be"),
         ({"cpu": "vms"}, "cpu must be"),
         ({"max_depth": -1}, "max_depth"),
+        ({"pack_level": 0}, "zstd level"),
+        ({"pack_level": True}, "zstd level"),
     ],
 )
 def test_wrong_arguments_raise_value_errors(trace, kwargs, message):
@@ -272,3 +274,67 @@ def test_one_scope_object_serves_several_threads_at_once(trace):
     assert errors == []
     rows = report_json("functions", trace)["functions"]
     assert [(r["name"], r["occurrence"]) for r in rows] == [("Shared", 200)]
+
+
+def _steps(rec, n=200):
+    pool = poolsight.Pool(rec)
+    for _ in range(n):
+        with rec.scope("step"), rec.function("LinearFunction", "forward"):
+            pool.free(pool.malloc(4096))
+            pool.free(pool.malloc(1000))
+
+
+def test_pack_at_finish_writes_a_copy_that_reports_the_same(trace):
+    with poolsight.record(trace, pack=True) as rec:
+        _steps(rec)
+    packed = trace.with_name("run.packed.pstrace")
+    assert packed.exists() and trace.exists(), "the live file is kept beside its packed copy"
+    assert packed.stat().st_size * 3 < trace.stat().st_size
+    for command in ("functions", "timers", "lines"):
+        assert run_cli(command, packed).stdout == run_cli(command, trace).stdout
+    assert "packed" in run_cli("info", packed).stdout
+
+
+def test_finish_pack_argument_and_the_result(trace, tmp_path):
+    rec = poolsight.record(trace)
+    _steps(rec, 20)
+    out = tmp_path / "elsewhere.pstrace"
+    result = rec.finish(pack=out)
+    assert result["packed_path"] == str(out)
+    assert result["packed_bytes"] == out.stat().st_size
+    assert result["file_bytes"] == trace.stat().st_size
+    # pack=False at finish overrides record's pack.
+    other = tmp_path / "b.pstrace"
+    rec = poolsight.record(other, pack=True)
+    assert "packed_path" not in rec.finish(pack=False)
+    assert not (tmp_path / "b.packed.pstrace").exists()
+
+
+def test_packing_that_fails_leaves_the_live_file_sealed(trace, tmp_path):
+    rec = poolsight.record(trace, pack=tmp_path / "no" / "such" / "dir.pstrace")
+    _steps(rec, 5)
+    with pytest.raises(poolsight.PoolsightError, match="finished and complete"):
+        rec.finish()
+    assert rec.closed
+    assert report_json("functions", trace)["functions"][0]["occurrence"] == 5
+
+
+def test_pack_function_and_its_bad_arguments(trace, tmp_path):
+    with poolsight.record(trace) as rec:
+        _steps(rec, 10)
+    out = tmp_path / "p.pstrace"
+    s = poolsight.pack(trace, out, level=19)
+    assert s["events"] > 0 and s["bytes_out"] == out.stat().st_size
+    assert s["bytes_in"] == trace.stat().st_size and s["warnings"] == []
+    with pytest.raises(ValueError, match="zstd level"):
+        poolsight.pack(trace, out, level=23)
+    with pytest.raises(TypeError, match="output is a path"):
+        poolsight.pack(trace, 3)
+    with pytest.raises(TypeError, match="pack is a path"):
+        poolsight.record(trace, pack=1.5)
+    with pytest.raises(poolsight.PoolsightError, match="the trace being packed"):
+        poolsight.pack(trace, trace)
+    not_a_trace = tmp_path / "x.pstrace"
+    not_a_trace.write_bytes(b"hello" * 100)
+    with pytest.raises(poolsight.PoolsightError):
+        poolsight.pack(not_a_trace, tmp_path / "y.pstrace")

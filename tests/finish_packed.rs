@@ -1,0 +1,146 @@
+//! Packing when a recording finishes (`FinishPacked::finish_packed`): the packed copy replays
+//! to the live file's figures, the live file is kept whole, and a copy that cannot be written
+//! is an error naming the live file, which still reads in full.
+
+use std::path::PathBuf;
+
+use poolsight::analyzer::pack::{PackError, PackOptions};
+use poolsight::analyzer::{replay, ReplayOptions, Trace};
+use poolsight::recorder::{MemKind, MemRecord, Phase, Recorder, RecorderConfig};
+use poolsight::{FinishError, FinishPacked};
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("poolsight-finish-packed-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A few training steps on two threads: scopes, malloc/free pairs, epochs.
+fn record(path: &PathBuf) -> Recorder {
+    let rec = Recorder::create(
+        path,
+        RecorderConfig {
+            chunk_size: 4096,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let work = |h: &poolsight::recorder::Handle, t: u64| {
+        for step in 0..300u64 {
+            let _s = h.scope("step");
+            let _f = h.function("LinearFunction", Phase::Forward);
+            let stack = h.current_stack();
+            for i in 0..4u64 {
+                let ptr = 0x7000_0000 + (t << 32) + ((step * 4 + i) << 9);
+                let ev = |kind| MemRecord {
+                    kind,
+                    device: 0,
+                    stream: 0,
+                    ptr,
+                    bytes: 512 * (i + 1),
+                    stack,
+                    pmem: 0,
+                };
+                h.record_mem(ev(MemKind::MallocPost));
+                h.record_mem(ev(MemKind::FreePost));
+            }
+        }
+    };
+    let h = rec.handle();
+    h.epoch_begin(0);
+    std::thread::scope(|s| {
+        s.spawn(|| work(&rec.handle(), 1));
+        work(&h, 0);
+    });
+    h.epoch_end(0);
+    rec
+}
+
+/// Every figure of the replay, the file's name left out.
+fn figures(path: &PathBuf) -> String {
+    let t = Trace::open(path).unwrap();
+    assert!(
+        t.warnings.is_empty(),
+        "{}: {:?}",
+        path.display(),
+        t.warnings
+    );
+    let mut p = replay(&t, 0, &ReplayOptions::default());
+    p.sources[0].path.clear();
+    format!("{p:#?}")
+}
+
+/// (events, mallocs, frees, sealed) of a trace.
+fn counts(path: &PathBuf) -> (u64, u64, u64, bool) {
+    let t = Trace::open(path).unwrap();
+    assert!(
+        t.warnings.is_empty(),
+        "{}: {:?}",
+        path.display(),
+        t.warnings
+    );
+    let s = &replay(&t, 0, &ReplayOptions::default()).sources[0];
+    (s.events, s.pool.mallocs, s.pool.frees, s.sealed)
+}
+
+#[test]
+fn the_packed_copy_replays_as_the_live_file() {
+    let (live, out) = (dir().join("run.pstrace"), dir().join("run.packed.pstrace"));
+    let done = record(&live)
+        .finish_packed(&out, &PackOptions::default())
+        .unwrap();
+    assert!(done.warnings.is_empty(), "{:?}", done.warnings);
+    assert_eq!(done.packed.events, done.summary.events);
+    assert!(done.summary.events >= 2 * 300 * 10, "{:?}", done.summary);
+    assert_eq!(
+        done.summary.file_bytes,
+        std::fs::metadata(&live).unwrap().len()
+    );
+    assert_eq!(
+        done.packed.bytes_out,
+        std::fs::metadata(&out).unwrap().len()
+    );
+    assert!(
+        done.packed.bytes_out * 3 < done.summary.file_bytes,
+        "packing made {} bytes of {}",
+        done.packed.bytes_out,
+        done.summary.file_bytes
+    );
+    assert!(Trace::open(&out).unwrap().header.packed);
+    assert_eq!(figures(&live), figures(&out));
+}
+
+#[test]
+fn a_copy_that_cannot_be_written_leaves_the_live_file_whole() {
+    let live = dir().join("kept.pstrace");
+    // Packing onto the live file itself.
+    let err = record(&live)
+        .finish_packed(&live, &PackOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, FinishError::Pack { live: l, source: PackError::SameFile { .. } } if *l == live),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("is finished and complete"),
+        "{err}"
+    );
+    let whole = (2 * 300 * 4 * 2 + 2 * 300 * 2 + 2, 2400, 2400, true);
+    assert_eq!(counts(&live), whole);
+    // Into a folder that does not exist.
+    let live2 = dir().join("kept2.pstrace");
+    let err = record(&live2)
+        .finish_packed(dir().join("no/such/dir/x.pstrace"), &PackOptions::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            FinishError::Pack {
+                source: PackError::Io { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(counts(&live2), whole);
+}
