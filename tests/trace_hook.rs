@@ -306,3 +306,38 @@ fn an_addressed_allocation_with_stack_0_records_the_open_scopes() {
         "0: the open scopes (no call site); any other id as given"
     );
 }
+
+/// Another hook beside the TraceHook: the pool then calls both through the hook list (the
+/// TraceHook alone is called directly), and the trace must hold the same events.
+#[test]
+fn a_trace_hook_beside_another_hook_records_the_same_events() {
+    struct Quiet;
+    impl poolsight::pool::hooks::MemoryHook for Quiet {}
+    let _g = global_lock();
+    for pre in [false, true] {
+        let (rec, pool) = setup("hook-beside", 1 << 20);
+        let path = rec.path();
+        {
+            let _other = poolsight::pool::hooks::register(Arc::new(Quiet));
+            let _hook = TraceHook::for_pool(rec.handle(), &pool)
+                .with_pre_events(pre)
+                .install();
+            drop(pool.malloc(100).expect("malloc"));
+        }
+        rec.finish().expect("finish");
+        let got = kinds(&Trace::read(&path));
+        let want: &[MemKind] = if pre {
+            &[
+                MemKind::MallocPre,
+                MemKind::AllocPre,
+                MemKind::AllocPost,
+                MemKind::MallocPost,
+                MemKind::FreePre,
+                MemKind::FreePost,
+            ]
+        } else {
+            &[MemKind::AllocPost, MemKind::MallocPost, MemKind::FreePost]
+        };
+        assert_eq!(got, want, "pre events {pre}");
+    }
+}

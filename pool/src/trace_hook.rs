@@ -147,6 +147,15 @@ impl MemoryHook for TraceHook {
         "TraceHook"
     }
 
+    fn wants_pre(&self) -> bool {
+        self.pre_events
+    }
+
+    fn as_trace_hook(&self) -> Option<&TraceHook> {
+        Some(self)
+    }
+
+    #[inline]
     fn malloc_preprocess(&self, i: &MallocPre) {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
@@ -157,6 +166,7 @@ impl MemoryHook for TraceHook {
         }
     }
 
+    #[inline]
     fn malloc_postprocess(&self, i: &MallocPost) {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
@@ -167,6 +177,7 @@ impl MemoryHook for TraceHook {
         });
     }
 
+    #[inline]
     fn alloc_preprocess(&self, i: &AllocPre) {
         if self.pre_events {
             self.handle.record_mem(MemRecord {
@@ -177,6 +188,7 @@ impl MemoryHook for TraceHook {
         }
     }
 
+    #[inline]
     fn alloc_postprocess(&self, i: &AllocPost) {
         self.handle.record_mem(MemRecord {
             ptr: i.mem_ptr,
@@ -186,12 +198,14 @@ impl MemoryHook for TraceHook {
         });
     }
 
+    #[inline]
     fn free_preprocess(&self, i: &FreeInfo) {
         if self.pre_events {
             self.handle.record_mem(free_event(MemKind::FreePre, i));
         }
     }
 
+    #[inline]
     fn free_postprocess(&self, i: &FreeInfo) {
         self.handle.record_mem(free_event(MemKind::FreePost, i));
     }

@@ -789,3 +789,64 @@ fn a_thread_sees_registration_changes_at_its_next_operation() {
     assert!(seen(&log).is_empty());
     assert!(hooks::current().is_none());
 }
+
+/// A hook that says it has no use for the pre callbacks, logging what it still gets.
+struct PostOnly(Arc<Recorder>);
+
+impl MemoryHook for PostOnly {
+    fn wants_pre(&self) -> bool {
+        false
+    }
+    fn malloc_preprocess(&self, i: &MallocPre) {
+        self.0.malloc_preprocess(i)
+    }
+    fn malloc_postprocess(&self, i: &MallocPost) {
+        self.0.malloc_postprocess(i)
+    }
+    fn alloc_preprocess(&self, i: &AllocPre) {
+        self.0.alloc_preprocess(i)
+    }
+    fn alloc_postprocess(&self, i: &AllocPost) {
+        self.0.alloc_postprocess(i)
+    }
+    fn free_preprocess(&self, i: &FreeInfo) {
+        self.0.free_preprocess(i)
+    }
+    fn free_postprocess(&self, i: &FreeInfo) {
+        self.0.free_postprocess(i)
+    }
+}
+
+#[test]
+fn pre_callbacks_are_skipped_only_when_no_hook_wants_them() {
+    let pool = host_pool(0, 1 << 20);
+    let post_only = Recorder::new("post_only");
+    let g = hooks::register(Arc::new(PostOnly(post_only.clone())));
+    drop(pool.malloc(700).unwrap()); // a miss: alloc callbacks too
+    assert_eq!(
+        post_only.names(),
+        ["alloc_post", "malloc_post", "free_post"]
+    );
+    // A second hook that wants them: every hook gets them again, in CuPy's order.
+    pool.free_all_blocks(None); // so that the next malloc misses again
+    post_only.clear();
+    let all = Recorder::new("all");
+    let g2 = hooks::register(all.clone());
+    drop(pool.malloc(700).unwrap());
+    let order = [
+        "malloc_pre",
+        "alloc_pre",
+        "alloc_post",
+        "malloc_post",
+        "free_pre",
+        "free_post",
+    ];
+    assert_eq!(all.names(), order);
+    assert_eq!(post_only.names(), order);
+    // Gone again with it.
+    drop(g2);
+    post_only.clear();
+    drop(pool.malloc(700).unwrap());
+    assert_eq!(post_only.names(), ["malloc_post", "free_post"]);
+    drop(g);
+}

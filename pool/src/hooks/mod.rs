@@ -21,12 +21,14 @@
 //!
 //! # Cost
 //!
-//! With no hook registered, the pool pays one thread-local read and one relaxed atomic load per
-//! operation ([`current`] returns `None`): no lock, no allocation. With hooks, it takes a
-//! snapshot once per operation (a non-atomic reference-count increment on a per-thread list,
-//! rebuilt only after a registration changed) and calls the hooks with no pool lock held, so a
-//! hook may allocate from the pool or (un)register hooks without deadlocking; such changes take
-//! effect from the next operation.
+//! With no hook registered, the pool pays two thread-local reads and one relaxed atomic load
+//! per operation ([`current`] returns `None`): no lock, no allocation. With hooks, it takes a
+//! snapshot once per operation (one thread-local read, one atomic load and a non-atomic
+//! reference-count increment on a per-thread list, rebuilt only after a registration changed)
+//! and calls the hooks with no pool lock held, so a hook may allocate from the pool or
+//! (un)register hooks without deadlocking; such changes take effect from the next operation.
+//! When no hook wants the pre callbacks ([`MemoryHook::wants_pre`]) they are skipped, and when
+//! poolsight's [`TraceHook`](crate::TraceHook) is the only hook it is called directly.
 
 pub mod debug_print;
 
@@ -35,9 +37,12 @@ pub use debug_print::DebugPrintHook;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::panic::Location;
+use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+
+use crate::trace_hook::TraceHook;
 
 /// Arguments of [`MemoryHook::malloc_preprocess`]: a request to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,11 +192,48 @@ pub trait MemoryHook: Send + Sync {
     fn out_of_memory(&self, _info: &OutOfMemory) {}
     /// After the pool's limit changed.
     fn limit_set(&self, _info: &LimitSet) {}
+    /// Whether the hook does anything in `malloc_preprocess`, `alloc_preprocess` and
+    /// `free_preprocess`. When no hook in force does, the pool skips those callbacks. Asked
+    /// when the hook is registered: the answer must not change while it is.
+    fn wants_pre(&self) -> bool {
+        true
+    }
+    /// The hook as poolsight's own [`TraceHook`], which the pool then calls directly (no
+    /// dynamic dispatch) when it is the only hook in force. Not for other implementations.
+    #[doc(hidden)]
+    fn as_trace_hook(&self) -> Option<&TraceHook> {
+        None
+    }
 }
 
 /// A thread's view of the hooks in force: its own, then the global ones. `Rc` because it never
 /// leaves the thread, so taking a snapshot costs no atomic operation.
-type HookList = Rc<[Arc<dyn MemoryHook>]>;
+type HookList = Rc<HookSet>;
+
+/// The hooks of a [`HookList`], and what the pool needs to know of them on every operation.
+struct HookSet {
+    hooks: Box<[Arc<dyn MemoryHook>]>,
+    /// Whether any hook wants the pre callbacks ([`MemoryHook::wants_pre`]).
+    pre: bool,
+    /// The only hook, when it is a [`TraceHook`]: it points into `hooks[0]`, which this set
+    /// keeps alive and never changes.
+    trace: Option<NonNull<TraceHook>>,
+}
+
+impl HookSet {
+    fn new(hooks: Vec<Arc<dyn MemoryHook>>) -> HookSet {
+        let pre = hooks.iter().any(|h| h.wants_pre());
+        let trace = match hooks.as_slice() {
+            [only] => only.as_trace_hook().map(NonNull::from),
+            _ => None,
+        };
+        HookSet {
+            hooks: hooks.into_boxed_slice(),
+            pre,
+            trace,
+        }
+    }
+}
 
 /// Global registrations, in order.
 struct GlobalRegistry {
@@ -214,13 +256,10 @@ impl Drop for LocalRegistry {
 
 struct Cached {
     local_version: u64,
-    /// [`GLOBAL_GEN`] the list was built at, or [`NO_GLOBALS`].
+    /// [`GLOBAL_GEN`] the list was built at.
     global_gen: u64,
     list: HookList,
 }
-
-/// `Cached::global_gen` of a list built while no global hook was registered.
-const NO_GLOBALS: u64 = u64::MAX;
 
 /// Source of registration ids, shared by thread-local and global registrations.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -247,8 +286,8 @@ thread_local! {
     static FAST: Cell<Option<(u64, FastList)>> = const { Cell::new(None) };
 }
 
-/// The list behind a [`HookList`], as [`FAST`] keeps it.
-type FastList = *const [Arc<dyn MemoryHook>];
+/// The set behind a [`HookList`], as [`FAST`] keeps it.
+type FastList = *const HookSet;
 
 fn forget_fast() {
     FAST.set(None);
@@ -339,19 +378,37 @@ impl HookSnapshot {
     /// Calls `f` on each hook, thread-local ones first, each group in registration order.
     #[inline]
     pub fn for_each(&self, mut f: impl FnMut(&dyn MemoryHook)) {
-        for h in self.list.iter() {
+        for h in self.list.hooks.iter() {
             f(&**h);
         }
     }
 
     /// Number of hooks in the snapshot.
     pub fn len(&self) -> usize {
-        self.list.len()
+        self.list.hooks.len()
     }
 
     /// Whether the snapshot holds no hook (never true for one returned by [`current`]).
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty()
+        self.list.hooks.is_empty()
+    }
+
+    /// Whether any hook wants the pre callbacks: when none does, a pool may skip them.
+    #[inline]
+    pub fn wants_pre(&self) -> bool {
+        self.list.pre
+    }
+
+    /// Calls `trace` on the only hook when it is a [`TraceHook`] (a direct call the compiler
+    /// can inline), else `each` on every hook as [`HookSnapshot::for_each`] does.
+    #[inline]
+    pub fn dispatch(&self, trace: impl FnOnce(&TraceHook), each: impl FnMut(&dyn MemoryHook)) {
+        match self.list.trace {
+            // SAFETY: `trace` points into `hooks[0]` of the set this snapshot holds a count of
+            // (see `HookSet::trace`).
+            Some(t) => trace(unsafe { t.as_ref() }),
+            None => self.for_each(each),
+        }
     }
 }
 
@@ -376,20 +433,11 @@ pub fn has_hooks() -> bool {
 /// there are none. Other pools or foreign allocators use it to fire the same callbacks.
 #[inline]
 pub fn current() -> Option<HookSnapshot> {
-    let local_active = LOCAL_ACTIVE.try_with(Cell::get).unwrap_or(false);
-    let global_active = GLOBAL_COUNT.load(Ordering::Relaxed) != 0;
-    if !local_active && !global_active {
-        return None;
-    }
     if let Some((gen, list)) = FAST.get() {
-        let now = if global_active {
-            // Acquire: pairs with the registration's release bump, so a list built at this
-            // generation holds every global hook registered before it.
-            GLOBAL_GEN.load(Ordering::Acquire)
-        } else {
-            NO_GLOBALS
-        };
-        if gen == now {
+        // Acquire: pairs with the registration's release bump, so a list built at this
+        // generation holds every global hook registered before it. Every global
+        // (un)registration bumps it, so a list of local hooks only is stamped with it too.
+        if gen == GLOBAL_GEN.load(Ordering::Acquire) {
             // SAFETY: `list` is the pointer of the `Rc` in this thread's `LOCAL` cache, which
             // is alive: `FAST` is cleared before that cache changes or is dropped. Taking one
             // more strong count and making an `Rc` of it is what `Rc::clone` does.
@@ -400,43 +448,43 @@ pub fn current() -> Option<HookSnapshot> {
             return Some(HookSnapshot { list });
         }
     }
-    snapshot_slow(global_active)
+    if !has_hooks() {
+        return None;
+    }
+    snapshot_slow()
 }
 
 /// Returns the thread's cached combined list, rebuilding it (an allocation) only after a
 /// registration changed.
 #[cold]
 #[inline(never)]
-fn snapshot_slow(global_active: bool) -> Option<HookSnapshot> {
-    let gen = if global_active {
-        GLOBAL_GEN.load(Ordering::Acquire)
-    } else {
-        NO_GLOBALS
-    };
+fn snapshot_slow() -> Option<HookSnapshot> {
+    // The generation first, then the registry under its lock: a registration either is in
+    // what the lock shows, or bumps the generation after this load (and the list is rebuilt
+    // at the next operation).
+    let gen = GLOBAL_GEN.load(Ordering::Acquire);
     let globals = |v: &mut Vec<Arc<dyn MemoryHook>>| {
-        if global_active {
-            let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
-            v.extend(g.entries.iter().map(|(_, h)| Arc::clone(h)));
-        }
+        let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
+        v.extend(g.entries.iter().map(|(_, h)| Arc::clone(h)));
     };
     let cached = LOCAL.try_with(|l| {
         let mut l = l.try_borrow_mut().ok()?;
         if let Some(c) = &l.cache {
             if c.local_version == l.version && c.global_gen == gen {
-                FAST.set((!c.list.is_empty()).then_some((gen, Rc::as_ptr(&c.list))));
+                FAST.set((!c.list.hooks.is_empty()).then_some((gen, Rc::as_ptr(&c.list))));
                 return Some(Rc::clone(&c.list));
             }
         }
         let mut v: Vec<Arc<dyn MemoryHook>> =
             l.entries.iter().map(|(_, h)| Arc::clone(h)).collect();
         globals(&mut v);
-        let list: HookList = v.into();
+        let list = Rc::new(HookSet::new(v));
         l.cache = Some(Cached {
             local_version: l.version,
             global_gen: gen,
             list: Rc::clone(&list),
         });
-        FAST.set((!list.is_empty()).then_some((gen, Rc::as_ptr(&list))));
+        FAST.set((!list.hooks.is_empty()).then_some((gen, Rc::as_ptr(&list))));
         Some(list)
     });
     let list = match cached {
@@ -445,8 +493,8 @@ fn snapshot_slow(global_active: bool) -> Option<HookSnapshot> {
         _ => {
             let mut v = Vec::new();
             globals(&mut v);
-            v.into()
+            Rc::new(HookSet::new(v))
         }
     };
-    (!list.is_empty()).then_some(HookSnapshot { list })
+    (!list.hooks.is_empty()).then_some(HookSnapshot { list })
 }

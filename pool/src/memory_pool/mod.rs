@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::device::{Device, DeviceError};
 use crate::hooks::{
-    self, AllocPost, AllocPre, FreeInfo, HookSnapshot, LimitSet, MallocPost, MallocPre,
+    self, AllocPost, AllocPre, FreeInfo, HookSnapshot, LimitSet, MallocPost, MallocPre, MemoryHook,
     OutOfMemory, Release,
 };
 use arena::{State, NONE};
@@ -172,7 +172,9 @@ impl Inner {
             stream,
             caller,
         };
-        h.for_each(|k| k.alloc_preprocess(&pre));
+        if h.wants_pre() {
+            h.dispatch(|t| t.alloc_preprocess(&pre), |k| k.alloc_preprocess(&pre));
+        }
         let r = self.device.alloc(mem_size);
         let post = AllocPost {
             device_id: self.device_id,
@@ -181,7 +183,10 @@ impl Inner {
             stream,
             caller,
         };
-        h.for_each(|k| k.alloc_postprocess(&post));
+        h.dispatch(
+            |t| t.alloc_postprocess(&post),
+            |k| k.alloc_postprocess(&post),
+        );
         r
     }
 
@@ -365,14 +370,16 @@ impl Inner {
         };
         let rounded = round_size(size);
         let mem_size = rounded.unwrap_or(u64::MAX);
-        let pre = MallocPre {
-            device_id: self.device_id,
-            size,
-            mem_size,
-            stream,
-            caller,
-        };
-        h.for_each(|k| k.malloc_preprocess(&pre));
+        if h.wants_pre() {
+            let pre = MallocPre {
+                device_id: self.device_id,
+                size,
+                mem_size,
+                stream,
+                caller,
+            };
+            h.dispatch(|t| t.malloc_preprocess(&pre), |k| k.malloc_preprocess(&pre));
+        }
         let r = match rounded {
             Some(m) => self.malloc_rounded(size, m, stream, caller, Some(h)),
             None => Err(self.out_of_memory(u64::MAX, stream, Some(h))),
@@ -390,7 +397,10 @@ impl Inner {
             stream,
             caller,
         };
-        h.for_each(|k| k.malloc_postprocess(&post));
+        h.dispatch(
+            |t| t.malloc_postprocess(&post),
+            |k| k.malloc_postprocess(&post),
+        );
         r
     }
 
@@ -407,8 +417,8 @@ impl Inner {
             pmem_id: m.pmem_id,
             stream: m.stream,
         };
-        if let Some(h) = &hooks {
-            h.for_each(|k| k.free_preprocess(&info));
+        if let Some(h) = hooks.as_ref().filter(|h| h.wants_pre()) {
+            h.dispatch(|t| t.free_preprocess(&info), |k| k.free_preprocess(&info));
         }
         {
             let mut st = self.lock();
@@ -416,7 +426,7 @@ impl Inner {
             self.add_used(&st, m.mem_size.wrapping_neg());
         }
         if let Some(h) = &hooks {
-            h.for_each(|k| k.free_postprocess(&info));
+            h.dispatch(|t| t.free_postprocess(&info), |k| k.free_postprocess(&info));
         }
     }
 
