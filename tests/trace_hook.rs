@@ -341,3 +341,50 @@ fn a_trace_hook_beside_another_hook_records_the_same_events() {
         assert_eq!(got, want, "pre events {pre}");
     }
 }
+
+/// A pool bound to a trace (`MemoryPool::record_to`) records there and only there, from any
+/// thread, after any registered hooks; a pool bound to none is not recorded by it.
+#[test]
+fn pools_bound_to_their_own_traces_record_only_there() {
+    let _g = global_lock();
+    let (rec_a, pool_a) = setup("bound-a", 1 << 20);
+    let (rec_b, pool_b) = setup("bound-b", 1 << 20);
+    let unbound = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 20)));
+    pool_a
+        .record_to(TraceHook::for_pool(rec_a.handle(), &pool_a))
+        .expect("first hook");
+    pool_b
+        .record_to(TraceHook::for_pool(rec_b.handle(), &pool_b))
+        .expect("first hook");
+    assert!(
+        pool_a.record_to(TraceHook::new(rec_b.handle())).is_err(),
+        "one hook per pool"
+    );
+    drop(pool_a.malloc(1000).unwrap()); // 1024 bytes
+    std::thread::scope(|s| {
+        s.spawn(|| drop(pool_b.malloc(3000).unwrap())); // 3072, from another thread
+    });
+    drop(unbound.malloc(5000).unwrap());
+    let (path_a, path_b) = (rec_a.path(), rec_b.path());
+    rec_a.finish().unwrap();
+    rec_b.finish().unwrap();
+    let sizes = |t: &Trace| -> Vec<(MemKind, u64)> {
+        t.mem.iter().map(|e| (e.kind(), e.bytes())).collect()
+    };
+    assert_eq!(
+        sizes(&Trace::read(&path_a)),
+        [
+            (MemKind::AllocPost, 1024),
+            (MemKind::MallocPost, 1000),
+            (MemKind::FreePost, 1024)
+        ]
+    );
+    assert_eq!(
+        sizes(&Trace::read(&path_b)),
+        [
+            (MemKind::AllocPost, 3072),
+            (MemKind::MallocPost, 3000),
+            (MemKind::FreePost, 3072)
+        ]
+    );
+}

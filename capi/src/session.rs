@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use poolsight_pool::device::{Device, HostDevice};
-use poolsight_pool::hooks::GlobalHookGuard;
 use poolsight_pool::{AddressedPool, MemoryPool, PoolError, TraceHook};
 use poolsight_recorder::{
     DeviceInfo, Frame, FrameKind, Handle, MarkKind, MemKind, MemRecord, Phase, Recorder,
@@ -39,8 +38,6 @@ pub struct Session {
     finished: AtomicBool,
     handle: Handle,
     path: String,
-    /// The process-wide trace hook of this recording, registered with its first pool.
-    hook: Mutex<Option<GlobalHookGuard>>,
 }
 
 impl Session {
@@ -53,7 +50,6 @@ impl Session {
             finished: AtomicBool::new(false),
             handle,
             path: path.display().to_string(),
-            hook: Mutex::new(None),
         })
     }
 
@@ -79,8 +75,6 @@ impl Session {
 
     /// Seals the file. A second call is an error, never a second seal.
     pub fn finish(&self) -> Result<Summary, SessionError> {
-        // The hook goes first, so no pool event races the seal.
-        lock(&self.hook).take();
         let recorder = lock(&self.recorder)
             .take()
             .ok_or_else(|| SessionError::Finished(self.path.clone()))?;
@@ -214,14 +208,12 @@ impl Session {
         });
     }
 
-    /// Registers this recording's trace hook process-wide, once, and defines `pool`'s device.
+    /// Binds `pool` to this recording: its events (and only its) go to this trace, from any
+    /// thread; its device is defined in the trace.
     fn attach(&self, pool: &MemoryPool) -> Result<(), SessionError> {
         let handle = self.handle()?;
-        poolsight_pool::define_pool_device(handle, pool);
-        let mut hook = lock(&self.hook);
-        if hook.is_none() {
-            *hook = Some(TraceHook::new(handle.clone()).install_global());
-        }
+        // A pool made just now has no hook yet.
+        let _ = pool.record_to(TraceHook::for_pool(handle.clone(), pool));
         Ok(())
     }
 }
@@ -229,8 +221,8 @@ impl Session {
 /// A pool whose allocations are addressed by pointer, recorded by a session when given one.
 pub struct SessionPool {
     pool: AddressedPool,
-    /// The recording whose hook sees this pool's events: held so that it (and its hook)
-    /// outlives every allocation made here.
+    /// The recording this pool's events go to (the pool holds its `TraceHook`): held so that
+    /// the session outlives every allocation made here.
     _session: Option<Arc<Session>>,
 }
 

@@ -338,3 +338,17 @@ def test_pack_function_and_its_bad_arguments(trace, tmp_path):
     not_a_trace.write_bytes(b"hello" * 100)
     with pytest.raises(poolsight.PoolsightError):
         poolsight.pack(not_a_trace, tmp_path / "y.pstrace")
+
+
+def test_each_pool_records_into_its_own_recording_only(tmp_path):
+    a, b = tmp_path / "a.pstrace", tmp_path / "b.pstrace"
+    with poolsight.record(a) as rec_a, poolsight.record(b) as rec_b:
+        pool_a, pool_b, unbound = poolsight.Pool(rec_a), poolsight.Pool(rec_b), poolsight.Pool()
+        for _ in range(3):
+            pool_a.free(pool_a.malloc(1000))
+        for _ in range(5):
+            pool_b.free(pool_b.malloc(1000))
+        for _ in range(7):
+            unbound.free(unbound.malloc(1000))
+    assert report_json("info", a)["events"]["malloc_post"] == 3
+    assert report_json("info", b)["events"]["malloc_post"] == 5

@@ -21,13 +21,14 @@ mod arena;
 
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::device::{Device, DeviceError};
 use crate::hooks::{
     self, AllocPost, AllocPre, FreeInfo, HookSnapshot, LimitSet, MallocPost, MallocPre, MemoryHook,
     OutOfMemory, Release,
 };
+use crate::trace_hook::TraceHook;
 use arena::{State, NONE};
 
 /// The rounding unit of every request, CuPy's `ALLOCATION_UNIT_SIZE`. Also keeps every chunk
@@ -115,6 +116,51 @@ struct Inner {
     next_pmem_id: AtomicU64,
     /// Runs before the third device try, where CuPy runs `gc.collect()`.
     collector: Mutex<Option<Collector>>,
+    /// The trace this pool's own events go to ([`MemoryPool::record_to`]), whatever hooks are
+    /// registered.
+    own: OnceLock<TraceHook>,
+}
+
+/// The hooks one pool operation calls: the registered ones (the thread's, then the global
+/// ones), then the pool's own [`TraceHook`].
+struct Hooks<'a> {
+    registered: Option<HookSnapshot>,
+    own: Option<&'a TraceHook>,
+}
+
+impl<'a> Hooks<'a> {
+    /// `None` (nothing to build, nothing to call) when there are no hooks at all.
+    #[inline]
+    fn of(own: &'a OnceLock<TraceHook>) -> Option<Hooks<'a>> {
+        let (registered, own) = (hooks::current(), own.get());
+        (registered.is_some() || own.is_some()).then_some(Hooks { registered, own })
+    }
+
+    #[inline]
+    fn wants_pre(&self) -> bool {
+        self.registered.as_ref().is_some_and(|r| r.wants_pre())
+            || self.own.is_some_and(|t| t.wants_pre())
+    }
+
+    /// [`HookSnapshot::dispatch`], then the pool's own hook.
+    #[inline]
+    fn dispatch(&self, trace: impl Fn(&TraceHook), each: impl FnMut(&dyn MemoryHook)) {
+        if let Some(r) = &self.registered {
+            r.dispatch(&trace, each);
+        }
+        if let Some(t) = self.own {
+            trace(t);
+        }
+    }
+
+    fn for_each(&self, mut f: impl FnMut(&dyn MemoryHook)) {
+        if let Some(r) = &self.registered {
+            r.for_each(&mut f);
+        }
+        if let Some(t) = self.own {
+            f(t);
+        }
+    }
 }
 
 /// A callback that frees memory the program holds on to, run by the pool before its last
@@ -161,7 +207,7 @@ impl Inner {
         mem_size: u64,
         stream: u32,
         caller: &'static Location<'static>,
-        hooks: Option<&HookSnapshot>,
+        hooks: Option<&Hooks<'_>>,
     ) -> Result<u64, DeviceError> {
         let Some(h) = hooks else {
             return self.device.alloc(mem_size);
@@ -190,12 +236,7 @@ impl Inner {
         r
     }
 
-    fn out_of_memory(
-        &self,
-        requested: u64,
-        stream: u32,
-        hooks: Option<&HookSnapshot>,
-    ) -> PoolError {
+    fn out_of_memory(&self, requested: u64, stream: u32, hooks: Option<&Hooks<'_>>) -> PoolError {
         let total = self.total.load(Ordering::Relaxed);
         let limit = self.limit.load(Ordering::Relaxed);
         if let Some(h) = hooks {
@@ -231,7 +272,7 @@ impl Inner {
         mem_size: u64,
         stream: u32,
         caller: &'static Location<'static>,
-        hooks: Option<&HookSnapshot>,
+        hooks: Option<&Hooks<'_>>,
     ) -> Result<u64, PoolError> {
         let mut reserved = false;
         for attempt in 0..3 {
@@ -289,7 +330,7 @@ impl Inner {
         mem_size: u64,
         stream: u32,
         caller: &'static Location<'static>,
-        hooks: Option<&HookSnapshot>,
+        hooks: Option<&Hooks<'_>>,
     ) -> Result<PooledMemory, PoolError> {
         if mem_size == 0 {
             // CuPy hands out a null `Memory(0)` without touching the pool or the device.
@@ -360,7 +401,7 @@ impl Inner {
         stream: u32,
         caller: &'static Location<'static>,
     ) -> Result<PooledMemory, PoolError> {
-        let hooks = hooks::current();
+        let hooks = Hooks::of(&self.own);
         let Some(h) = hooks.as_ref() else {
             // Fast path: no event is built at all.
             return match round_size(size) {
@@ -409,7 +450,7 @@ impl Inner {
             // 0-byte memory never came from the pool (CuPy fires no free hooks for it either).
             return;
         }
-        let hooks = hooks::current();
+        let hooks = Hooks::of(&self.own);
         let info = FreeInfo {
             device_id: self.device_id,
             mem_size: m.mem_size,
@@ -445,7 +486,7 @@ impl Inner {
         }
         self.total.fetch_sub(bytes, Ordering::Relaxed);
         if !per_arena.is_empty() {
-            if let Some(h) = hooks::current() {
+            if let Some(h) = Hooks::of(&self.own) {
                 for (stream, bytes) in per_arena {
                     let ev = Release {
                         device_id: self.device_id,
@@ -495,6 +536,7 @@ impl MemoryPool {
                 limit: AtomicU64::new(0),
                 next_pmem_id: AtomicU64::new(1),
                 collector: Mutex::new(None),
+                own: OnceLock::new(),
             }),
         }
     }
@@ -556,12 +598,20 @@ impl MemoryPool {
         self.total_bytes().saturating_sub(self.used_bytes())
     }
 
+    /// Records this pool's events with `hook`, after any registered hooks, for as long as the
+    /// pool lives: a pool bound to one trace, whichever thread allocates and whatever hooks
+    /// other code registers (a recording's pools in a process that records several traces).
+    /// Once per pool: a second call gives the hook back.
+    pub fn record_to(&self, hook: TraceHook) -> Result<(), TraceHook> {
+        self.inner.own.set(hook)
+    }
+
     /// Caps the bytes the pool may hold from the device (0 removes the cap), like CuPy's
     /// `set_limit(size=...)`. Memory already held above a new, lower limit is not released;
     /// new device allocations must fit under it.
     pub fn set_limit(&self, bytes: u64) {
         self.inner.limit.store(bytes, Ordering::Relaxed);
-        if let Some(h) = hooks::current() {
+        if let Some(h) = Hooks::of(&self.inner.own) {
             let ev = LimitSet {
                 device_id: self.inner.device_id,
                 limit: bytes,
