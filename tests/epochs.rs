@@ -27,6 +27,7 @@ fn cpu_figures_per_source() {
     counting_allocator_is_exact();
     heap_epochs_carry_exact_used_and_peak();
     rss_epochs_see_a_peak_between_samples();
+    one_rss_sample_raises_the_epoch_peak();
     no_source_records_marks_without_figures();
 }
 
@@ -149,6 +150,45 @@ fn rss_epochs_see_a_peak_between_samples() {
         end.b()
     );
     assert!(end.b() >= end.a());
+}
+
+/// `Handle::cpu_sample` (what the Python package calls) is one sample of the sampler's kind.
+fn one_rss_sample_raises_the_epoch_peak() {
+    let path = trace_path("epochs-rss-one");
+    let config = RecorderConfig {
+        cpu_source: CpuSource::Rss,
+        ..RecorderConfig::default()
+    };
+    let rec = Recorder::create(&path, config).expect("recorder");
+    let h = rec.handle();
+    h.epoch_begin(1);
+    {
+        let v = black_box(vec![7u8; 64 * MIB as usize]);
+        h.cpu_sample();
+        drop(v);
+    }
+    h.epoch_end(1);
+    rec.finish().expect("finish");
+    let t = Trace::read(&path);
+    let kinds: Vec<_> = t.marks.iter().map(|m| m.kind()).collect();
+    assert_eq!(
+        kinds,
+        [
+            MarkKind::EpochBegin,
+            MarkKind::CpuSample,
+            MarkKind::EpochEnd
+        ]
+    );
+    let (begin, sample, end) = (&t.marks[0], &t.marks[1], &t.marks[2]);
+    assert!(
+        sample.a() >= begin.a() + 48 * MIB,
+        "the sample saw the block"
+    );
+    assert_eq!(
+        end.b(),
+        sample.a().max(end.a()),
+        "the end's peak is the sample's"
+    );
 }
 
 fn no_source_records_marks_without_figures() {

@@ -115,6 +115,25 @@ impl Session {
         Ok(())
     }
 
+    /// [`Handle::epoch_begin`]: the CPU figure read from the recording's own source.
+    pub fn epoch_begin_measured(&self, epoch: u32) -> Result<(), SessionError> {
+        self.handle()?.epoch_begin(epoch);
+        Ok(())
+    }
+
+    /// [`Handle::epoch_end`]: the CPU figure and peak from the recording's own source.
+    pub fn epoch_end_measured(&self, epoch: u32) -> Result<(), SessionError> {
+        self.handle()?.epoch_end(epoch);
+        Ok(())
+    }
+
+    /// [`Handle::cpu_sample`]: one sample of the recording's own source, raising the epoch's
+    /// RSS peak.
+    pub fn cpu_sample_measured(&self) -> Result<(), SessionError> {
+        self.handle()?.cpu_sample();
+        Ok(())
+    }
+
     pub fn cpu_sample(&self, cpu_bytes: u64) -> Result<(), SessionError> {
         self.handle()?
             .record_mark(MarkKind::CpuSample, 0, cpu_bytes, 0);

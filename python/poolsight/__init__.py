@@ -164,28 +164,28 @@ class Recording:
 
     # -- epochs and CPU memory ----------------------------------------------------------------
 
-    def _cpu_now(self) -> tuple[int, int]:
-        """(current, peak) CPU bytes from the configured source."""
-        if self._cpu == "tracemalloc" and tracemalloc.is_tracing():
-            return tracemalloc.get_traced_memory()
-        if self._cpu in ("rss", "tracemalloc"):
-            rss = _rss_bytes()
-            return rss, rss
-        return 0, 0
+    def _tracemalloc(self) -> bool:
+        """Whether this recording's CPU figures are tracemalloc's (it is tracing); otherwise the
+        recorder reads its own source (RSS, or nothing) natively."""
+        return self._cpu == "tracemalloc" and tracemalloc.is_tracing()
 
     def epoch_begin(self, n: int) -> None:
         """Marks the start of epoch ``n`` (prefer ``with rec.epoch(n):``)."""
         n = _epoch_number(n)
-        if self._cpu == "tracemalloc" and tracemalloc.is_tracing():
+        if self._tracemalloc():
             tracemalloc.reset_peak()
-        current, _ = self._cpu_now()
-        self._native.epoch_begin(n, current)
+            self._native.epoch_begin(n, tracemalloc.get_traced_memory()[0])
+        else:
+            self._native.epoch_begin(n)
 
     def epoch_end(self, n: int) -> None:
         """Marks the end of epoch ``n``."""
         n = _epoch_number(n)
-        current, peak = self._cpu_now()
-        self._native.epoch_end(n, current, max(current, peak))
+        if self._tracemalloc():
+            current, peak = tracemalloc.get_traced_memory()
+            self._native.epoch_end(n, current, max(current, peak))
+        else:
+            self._native.epoch_end(n)
 
     @contextlib.contextmanager
     def epoch(self, n: int) -> Iterator[None]:
@@ -197,8 +197,13 @@ class Recording:
             self.epoch_end(n)
 
     def cpu_sample(self) -> None:
-        """Records the current CPU memory (RSS, or tracemalloc's figure) as a sample."""
-        self._native.cpu_sample(self._cpu_now()[0])
+        """Records the current CPU memory (RSS, or tracemalloc's figure) as a sample; an RSS
+        sample also raises the epoch's CPU peak, which the epoch marks alone only see at the
+        boundaries."""
+        if self._tracemalloc():
+            self._native.cpu_sample(tracemalloc.get_traced_memory()[0])
+        else:
+            self._native.cpu_sample()
 
     # -- allocation stacks --------------------------------------------------------------------
 
@@ -267,17 +272,6 @@ def _epoch_number(n: Any) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > 0xFFFFFFFF:
         raise ValueError(f"an epoch number is an int in 0..2**32-1, not {n!r}")
     return n
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return usage if sys.platform == "darwin" else usage * 1024
 
 
 def record(

@@ -225,20 +225,35 @@ impl Recorder {
         })
     }
 
-    #[pyo3(signature = (epoch, cpu_bytes=0))]
-    fn epoch_begin(&self, epoch: u32, cpu_bytes: u64) -> PyResult<()> {
-        self.session.epoch_begin(epoch, cpu_bytes).map_err(err)
+    /// Marks the start of ``epoch``; ``cpu_bytes`` None: the recorder reads its own CPU source.
+    #[pyo3(signature = (epoch, cpu_bytes=None))]
+    fn epoch_begin(&self, epoch: u32, cpu_bytes: Option<u64>) -> PyResult<()> {
+        match cpu_bytes {
+            Some(b) => self.session.epoch_begin(epoch, b),
+            None => self.session.epoch_begin_measured(epoch),
+        }
+        .map_err(err)
     }
 
-    #[pyo3(signature = (epoch, cpu_bytes=0, cpu_peak=0))]
-    fn epoch_end(&self, epoch: u32, cpu_bytes: u64, cpu_peak: u64) -> PyResult<()> {
-        self.session
-            .epoch_end(epoch, cpu_bytes, cpu_peak)
-            .map_err(err)
+    /// Marks the end of ``epoch``; without figures, the recorder reads its own CPU source
+    /// (and the RSS peak its samples raised).
+    #[pyo3(signature = (epoch, cpu_bytes=None, cpu_peak=None))]
+    fn epoch_end(&self, epoch: u32, cpu_bytes: Option<u64>, cpu_peak: Option<u64>) -> PyResult<()> {
+        match cpu_bytes {
+            Some(b) => self.session.epoch_end(epoch, b, cpu_peak.unwrap_or(b)),
+            None => self.session.epoch_end_measured(epoch),
+        }
+        .map_err(err)
     }
 
-    fn cpu_sample(&self, cpu_bytes: u64) -> PyResult<()> {
-        self.session.cpu_sample(cpu_bytes).map_err(err)
+    /// Records a CPU sample; ``cpu_bytes`` None: one reading of the recorder's own source.
+    #[pyo3(signature = (cpu_bytes=None))]
+    fn cpu_sample(&self, cpu_bytes: Option<u64>) -> PyResult<()> {
+        match cpu_bytes {
+            Some(b) => self.session.cpu_sample(b),
+            None => self.session.cpu_sample_measured(),
+        }
+        .map_err(err)
     }
 
     /// The stack of the scopes open on this thread (0: none).

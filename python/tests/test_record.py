@@ -352,3 +352,19 @@ def test_each_pool_records_into_its_own_recording_only(tmp_path):
             unbound.free(unbound.malloc(1000))
     assert report_json("info", a)["events"]["malloc_post"] == 3
     assert report_json("info", b)["events"]["malloc_post"] == 5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS is read from /proc")
+def test_an_rss_sample_raises_the_epochs_cpu_peak(trace):
+    big = 256 << 20
+    with poolsight.record(trace, cpu="rss") as rec:
+        with rec.epoch(0):
+            held = b"x" * big  # written, so resident
+            rec.cpu_sample()
+            del held  # a large block goes back to the OS at once
+        with rec.epoch(1):
+            pass
+    rows = report_json("epochs", trace)["epochs"]
+    assert rows[0]["cpu_peak_bytes"] >= big * 3 // 4, rows[0]
+    assert rows[0]["cpu_used_bytes"] < big // 4, rows[0]
+    assert rows[1]["cpu_peak_bytes"] < big // 4, "the peak starts again at each epoch"

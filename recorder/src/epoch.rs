@@ -84,6 +84,18 @@ impl Handle {
         self.record_mark(MarkKind::EpochEnd, n, now, peak);
     }
 
+    /// Takes one sample of the recorder's CPU source: a `CpuSample` mark (the CPU line of the
+    /// timeline) and, for RSS, a raise of the epoch's peak. What [`Handle::start_cpu_sampler`]
+    /// does every interval, for callers that sample on their own schedule (the Python
+    /// package). Nothing with `CpuSource::None`.
+    pub fn cpu_sample(&self) {
+        let source = self.cpu_source();
+        if source != CpuSource::None {
+            let rss_peak = (source == CpuSource::Rss).then(|| rss_peak_of(self));
+            take_sample(self, source, rss_peak.as_deref());
+        }
+    }
+
     /// Starts a thread that reads the recorder's CPU source every `interval`, writes a
     /// `CpuSample` mark each time (the CPU line of the timeline) and, for RSS, raises the epoch
     /// peak, which the epoch calls alone only see at the boundaries. The heap source needs no
@@ -127,16 +139,20 @@ fn sample(
     let (lock, cv) = stop;
     let mut stopped = lock.lock().unwrap_or_else(|e| e.into_inner());
     while !*stopped {
-        let now = cpu::bytes_now(source);
-        if let Some(peak) = &rss_peak {
-            peak.fetch_max(now, Ordering::Relaxed);
-        }
-        handle.record_mark(MarkKind::CpuSample, 0, now, 0);
+        take_sample(handle, source, rss_peak.as_deref());
         stopped = match cv.wait_timeout(stopped, interval) {
             Ok((g, _)) => g,
             Err(e) => e.into_inner().0,
         };
     }
+}
+
+fn take_sample(handle: &Handle, source: CpuSource, rss_peak: Option<&AtomicU64>) {
+    let now = cpu::bytes_now(source);
+    if let Some(peak) = rss_peak {
+        peak.fetch_max(now, Ordering::Relaxed);
+    }
+    handle.record_mark(MarkKind::CpuSample, 0, now, 0);
 }
 
 /// Keeps the CPU sampler running; dropping it stops the thread and waits for it.
