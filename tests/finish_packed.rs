@@ -56,8 +56,8 @@ fn record(path: &PathBuf) -> Recorder {
     rec
 }
 
-/// Every figure of the replay, the file's name left out.
-fn figures(path: &PathBuf) -> String {
+/// The trace at `path`, which must read without a warning.
+fn open_clean(path: &PathBuf) -> Trace {
     let t = Trace::open(path).unwrap();
     assert!(
         t.warnings.is_empty(),
@@ -65,21 +65,19 @@ fn figures(path: &PathBuf) -> String {
         path.display(),
         t.warnings
     );
-    let mut p = replay(&t, 0, &ReplayOptions::default());
+    t
+}
+
+/// Every figure of the replay, the file's name left out.
+fn figures(path: &PathBuf) -> String {
+    let mut p = replay(&open_clean(path), 0, &ReplayOptions::default());
     p.sources[0].path.clear();
     format!("{p:#?}")
 }
 
 /// (events, mallocs, frees, sealed) of a trace.
 fn counts(path: &PathBuf) -> (u64, u64, u64, bool) {
-    let t = Trace::open(path).unwrap();
-    assert!(
-        t.warnings.is_empty(),
-        "{}: {:?}",
-        path.display(),
-        t.warnings
-    );
-    let s = &replay(&t, 0, &ReplayOptions::default()).sources[0];
+    let s = &replay(&open_clean(path), 0, &ReplayOptions::default()).sources[0];
     (s.events, s.pool.mallocs, s.pool.frees, s.sealed)
 }
 

@@ -25,6 +25,16 @@ fn setup(name: &str, capacity: u64) -> (Recorder, MemoryPool) {
     (rec, pool)
 }
 
+/// CuPy's callbacks for a malloc that misses the cache and its free, with pre events.
+const CUPY_ORDER_MISS: [MemKind; 6] = [
+    MemKind::MallocPre,
+    MemKind::AllocPre,
+    MemKind::AllocPost,
+    MemKind::MallocPost,
+    MemKind::FreePre,
+    MemKind::FreePost,
+];
+
 fn kinds(t: &Trace) -> Vec<MemKind> {
     t.mem.iter().map(|e| e.kind()).collect()
 }
@@ -147,17 +157,7 @@ fn pre_events_follow_cupys_callback_order_when_asked_for() {
     }
     rec.finish().expect("finish");
     let t = Trace::read(&path);
-    assert_eq!(
-        kinds(&t),
-        [
-            MemKind::MallocPre,
-            MemKind::AllocPre,
-            MemKind::AllocPost,
-            MemKind::MallocPost,
-            MemKind::FreePre,
-            MemKind::FreePost,
-        ]
-    );
+    assert_eq!(kinds(&t), CUPY_ORDER_MISS);
     assert_eq!(t.mem[0].bytes(), 100);
     assert_eq!(t.mem[1].bytes(), 512);
     assert_eq!(t.mem[0].stack(), t.mem[3].stack());
@@ -327,14 +327,7 @@ fn a_trace_hook_beside_another_hook_records_the_same_events() {
         rec.finish().expect("finish");
         let got = kinds(&Trace::read(&path));
         let want: &[MemKind] = if pre {
-            &[
-                MemKind::MallocPre,
-                MemKind::AllocPre,
-                MemKind::AllocPost,
-                MemKind::MallocPost,
-                MemKind::FreePre,
-                MemKind::FreePost,
-            ]
+            &CUPY_ORDER_MISS
         } else {
             &[MemKind::AllocPost, MemKind::MallocPost, MemKind::FreePost]
         };
