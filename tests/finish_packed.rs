@@ -141,4 +141,18 @@ fn a_copy_that_cannot_be_written_leaves_the_live_file_whole() {
         "{err:?}"
     );
     assert_eq!(counts(&live2), whole);
+    // Onto a folder: the copy is written whole, then cannot take the folder's name; it must
+    // not be left behind.
+    let live3 = dir().join("kept3.pstrace");
+    let folder = dir().join("a-folder.pstrace");
+    std::fs::create_dir_all(&folder).unwrap();
+    let err = record(&live3)
+        .finish_packed(&folder, &PackOptions::default())
+        .unwrap_err();
+    assert!(matches!(&err, FinishError::Pack { .. }), "{err:?}");
+    assert!(
+        !dir().join("a-folder.pstrace.packing").exists(),
+        "the half-written copy was left behind"
+    );
+    assert_eq!(counts(&live3), whole);
 }

@@ -110,6 +110,16 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
         PathBuf::from(p)
     };
     let file = std::fs::File::create(&tmp).map_err(io)?;
+    // Whatever fails from here on (a full disk, zstd, the rename), the half-written copy goes.
+    struct RemoveUnlessKept<'a>(&'a Path, bool);
+    impl Drop for RemoveUnlessKept<'_> {
+        fn drop(&mut self) {
+            if !self.1 {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+    }
+    let mut tmp_guard = RemoveUnlessKept(&tmp, false);
     let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
 
     let header = build_header(trace);
@@ -163,6 +173,7 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
     file.sync_all().map_err(io)?;
     drop(file);
     std::fs::rename(&tmp, out).map_err(io)?;
+    tmp_guard.1 = true;
     summary.bytes_out = at;
     Ok(summary)
 }

@@ -141,6 +141,8 @@ class Recording:
         pack_level: int = 3,
     ):
         self._native = native
+        # Absolute, so that packing at finish finds the file after a change of directory.
+        self._live = os.path.abspath(native.path)
         self._pack = pack
         self._pack_level = pack_level
         self.stacks = stacks
@@ -239,15 +241,15 @@ class Recording:
         sealed file (see :func:`pack`): a path, or ``True`` for the trace's name with
         ``.packed.pstrace``; the result then has ``packed_path`` and ``packed_bytes``. The
         live file is kept. If only packing fails, :class:`PoolsightError` says so and the live
-        file is sealed and complete.
+        file is sealed and complete. A ``with`` block that raises finishes without packing.
         """
-        target = self._pack if pack is None else _pack_target(self.path, pack)
+        target = self._pack if pack is None else _pack_target(self._live, pack)
         if self in _active:
             _active.remove(self)
         result = self._native.finish()
         if target is not None:
             try:
-                packed = _native.pack(self.path, target, self._pack_level)
+                packed = _native.pack(self._live, target, self._pack_level)
             except PoolsightError as e:
                 raise PoolsightError(
                     f"{self.path} is finished and complete, but packing it failed: {e}"
@@ -259,9 +261,11 @@ class Recording:
     def __enter__(self) -> Recording:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if not self.closed:
-            self.finish()
+            # When the block raised, the live file is sealed but not packed: packing then
+            # would delay the error, and a packing error would stand in its place.
+            self.finish(pack=False if exc_type is not None else None)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
@@ -344,9 +348,9 @@ def _pack_target(trace: str, pack: Any) -> str | None:
         return None
     if pack is True:
         stem = trace[: -len(".pstrace")] if trace.endswith(".pstrace") else trace
-        return stem + ".packed.pstrace"
+        return os.path.abspath(stem + ".packed.pstrace")
     if isinstance(pack, (str, os.PathLike)):
-        return os.fspath(pack)
+        return os.path.abspath(os.fspath(pack))
     raise TypeError(f"pack is a path, True or False, not {type(pack).__name__}")
 
 

@@ -72,7 +72,9 @@ def use_pool(
     Call it before anything touches CUDA (PyTorch allows one allocator change, before its
     first CUDA allocation). With a recording (``recorder``, or the one open with
     :func:`poolsight.record`) every allocation is recorded with its stack at the recording's
-    ``stacks`` level. ``limit`` caps the bytes the pool holds on ``device``.
+    ``stacks`` level, into that recording for as long as the process runs (the pool stays
+    PyTorch's allocator; once the recording is finished, its events count as its dropped
+    events). ``limit`` caps the bytes the pool holds on ``device``.
 
     What changes: ``torch.cuda.memory_allocated()`` and friends no longer see the memory (they
     report PyTorch's own allocator); use :func:`memory_stats`. ``torch.cuda.empty_cache()``

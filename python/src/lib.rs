@@ -239,9 +239,14 @@ impl Recorder {
     /// (and the RSS peak its samples raised).
     #[pyo3(signature = (epoch, cpu_bytes=None, cpu_peak=None))]
     fn epoch_end(&self, epoch: u32, cpu_bytes: Option<u64>, cpu_peak: Option<u64>) -> PyResult<()> {
-        match cpu_bytes {
-            Some(b) => self.session.epoch_end(epoch, b, cpu_peak.unwrap_or(b)),
-            None => self.session.epoch_end_measured(epoch),
+        match (cpu_bytes, cpu_peak) {
+            (Some(b), peak) => self.session.epoch_end(epoch, b, peak.unwrap_or(b)),
+            (None, None) => self.session.epoch_end_measured(epoch),
+            (None, Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "cpu_peak needs cpu_bytes: give both figures, or neither to have the recorder measure them",
+                ))
+            }
         }
         .map_err(err)
     }

@@ -368,3 +368,30 @@ def test_an_rss_sample_raises_the_epochs_cpu_peak(trace):
     assert rows[0]["cpu_peak_bytes"] >= big * 3 // 4, rows[0]
     assert rows[0]["cpu_used_bytes"] < big // 4, rows[0]
     assert rows[1]["cpu_peak_bytes"] < big // 4, "the peak starts again at each epoch"
+
+
+def test_a_block_that_raises_is_finished_unpacked_and_its_error_kept(trace, tmp_path):
+    with pytest.raises(RuntimeError, match="boom"):
+        with poolsight.record(trace, pack=tmp_path / "no" / "such" / "x.pstrace") as rec:
+            _steps(rec, 3)
+            raise RuntimeError("boom")
+    assert rec.closed
+    assert report_json("info", trace)["finished"] is True
+
+
+def test_packing_finds_the_trace_after_a_change_of_directory(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    rec = poolsight.record("t.pstrace", pack=True)
+    _steps(rec, 3)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = rec.finish()
+    assert result["packed_path"] == str(tmp_path / "run" / "t.packed.pstrace")
+    assert (tmp_path / "run" / "t.packed.pstrace").exists()
+
+
+def test_a_cpu_peak_without_the_current_figure_is_refused(trace):
+    with poolsight.record(trace) as rec:
+        with pytest.raises(ValueError, match="cpu_peak needs cpu_bytes"):
+            rec._native.epoch_end(0, cpu_peak=5)

@@ -142,12 +142,37 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAllocator<A> {
     }
 }
 
-/// Resident set size in bytes, from `/proc/self/statm`; `None` where that file cannot be read
-/// (not Linux, or /proc not mounted).
+/// Resident set size in bytes, from `/proc/self/statm`. Where that file cannot be read (not
+/// Linux, or /proc not mounted), the process's peak RSS from `getrusage` instead (it never
+/// falls, so epoch figures from it show growth only); `None` if neither answers.
 pub fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(resident * page_size())
+    let from_proc = || -> Option<u64> {
+        let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+        let resident: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(resident * page_size())
+    };
+    from_proc().or_else(peak_rss_bytes)
+}
+
+#[cfg(not(unix))]
+fn peak_rss_bytes() -> Option<u64> {
+    None
+}
+
+#[cfg(unix)]
+fn peak_rss_bytes() -> Option<u64> {
+    // SAFETY: getrusage fills the struct it is given; all-zero is a valid `rusage`.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let max = u64::try_from(usage.ru_maxrss).ok()?;
+    // Bytes on macOS, KiB elsewhere.
+    Some(if cfg!(target_os = "macos") {
+        max
+    } else {
+        max * 1024
+    })
 }
 
 /// The system's page size (4 KiB where it cannot be read).

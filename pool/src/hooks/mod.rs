@@ -28,7 +28,7 @@
 //! and calls the hooks with no pool lock held, so a hook may allocate from the pool or
 //! (un)register hooks without deadlocking; such changes take effect from the next operation.
 //! When no hook wants the pre callbacks ([`MemoryHook::wants_pre`]) they are skipped, and when
-//! poolsight's [`TraceHook`](crate::TraceHook) is the only hook it is called directly.
+//! poolsight's [`TraceHook`] is the only hook it is called directly.
 
 pub mod debug_print;
 
@@ -422,8 +422,9 @@ impl std::fmt::Debug for HookSnapshot {
     }
 }
 
-/// Whether any hook is registered for the calling thread (its own or global); the check the
-/// pool does before building any event.
+/// Whether any hook is registered for the calling thread (its own or global): what
+/// [`current`] checks when the thread has no list cached. A pool may still have a hook of its
+/// own ([`MemoryPool::record_to`](crate::MemoryPool::record_to)).
 #[inline]
 pub fn has_hooks() -> bool {
     LOCAL_ACTIVE.try_with(Cell::get).unwrap_or(false) || GLOBAL_COUNT.load(Ordering::Relaxed) != 0

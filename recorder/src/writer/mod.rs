@@ -157,7 +157,10 @@ impl Recorder {
         path: impl AsRef<Path>,
         config: RecorderConfig,
     ) -> Result<Recorder, RecorderError> {
-        let path = path.as_ref();
+        // Kept absolute, so that [`Handle::path`] still names the file after the process
+        // changes directory (packing at finish opens it again by name).
+        let path = std::path::absolute(path.as_ref()).unwrap_or_else(|_| path.as_ref().into());
+        let path = path.as_path();
         if !(4096..=16 << 20).contains(&config.chunk_size) {
             return Err(RecorderError::Config(format!(
                 "chunk_size must be between 4 KiB and 16 MiB, got {} bytes",
