@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use poolsight_pool::device::HostDevice;
 use poolsight_pool::hooks::{self, MemoryHook};
 use poolsight_pool::{MemoryPool, TraceHook};
-use poolsight_recorder::clock::{self, Calibration};
+#[path = "../../recorder/benches/shared/mod.rs"]
+mod harness;
+
+use poolsight_recorder::clock::Calibration;
 use poolsight_recorder::{Mode, Recorder, RecorderConfig};
 
 /// Round trips per sample: two events each, 64 MiB of trace.
@@ -28,21 +31,13 @@ fn pool() -> MemoryPool {
     pool
 }
 
-/// ns per malloc+free pair.
-fn round_trips(pool: &MemoryPool) -> f64 {
+/// ns per malloc+free pair, over `pairs` of them.
+fn round_trips(pool: &MemoryPool, pairs: u64) -> f64 {
     let start = Instant::now();
-    for _ in 0..PAIRS {
+    for _ in 0..pairs {
         drop(std::hint::black_box(pool.malloc(4096).expect("malloc")));
     }
-    start.elapsed().as_nanos() as f64 / PAIRS as f64
-}
-
-fn floor() -> f64 {
-    let start = Instant::now();
-    for _ in 0..PAIRS {
-        std::hint::black_box(clock::ticks());
-    }
-    start.elapsed().as_nanos() as f64 / PAIRS as f64
+    start.elapsed().as_nanos() as f64 / pairs as f64
 }
 
 fn traced(p: &MemoryPool, mode: Mode, dir: &std::path::Path) -> f64 {
@@ -54,39 +49,21 @@ fn traced(p: &MemoryPool, mode: Mode, dir: &std::path::Path) -> f64 {
     };
     let rec = Recorder::create(&path, config).expect("create trace");
     let guard = TraceHook::for_pool(rec.handle(), p).install();
-    drop(p.malloc(4096).expect("first malloc interns its stack"));
-    let t = round_trips(p);
+    round_trips(p, 1); // the first malloc from this call site interns its stack
+    let t = round_trips(p, PAIRS);
     drop(guard);
     drop(rec);
     let _ = std::fs::remove_file(&path);
     t
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(9usize)
-        .max(1);
+    let rounds = harness::rounds(&args);
     let dir = std::env::temp_dir().join(format!("poolsight-pool-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     Calibration::measure(Duration::from_millis(1));
     let p = pool();
-    println!("load average before: {}", loadavg());
     let names = [
         "clock read (floor)",
         "malloc+free, no hooks",
@@ -94,23 +71,17 @@ fn main() {
         "malloc+free, TraceHook grow",
         "malloc+free, TraceHook ring",
     ];
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
-    for _ in 0..rounds {
-        samples[0].push(floor());
-        samples[1].push(round_trips(&p));
-        {
+    let contestants: [&dyn Fn() -> f64; 5] = [
+        &|| harness::floor(PAIRS),
+        &|| round_trips(&p, PAIRS),
+        &|| {
             let _guard = hooks::register(Arc::new(NoOp));
-            samples[2].push(round_trips(&p));
-        }
-        samples[3].push(traced(&p, Mode::Grow, &dir));
-        samples[4].push(traced(&p, Mode::Ring { slots: 512 }, &dir));
-    }
-    println!("load average after:  {}", loadavg());
-    let mins: Vec<f64> = samples
-        .iter()
-        .map(|s| s.iter().copied().fold(f64::INFINITY, f64::min))
-        .collect();
-    let meds: Vec<f64> = samples.iter_mut().map(|s| median(s)).collect();
+            round_trips(&p, PAIRS)
+        },
+        &|| traced(&p, Mode::Grow, &dir),
+        &|| traced(&p, Mode::Ring { slots: 512 }, &dir),
+    ];
+    let (meds, mins) = harness::interleaved(&contestants, rounds, |_| true);
     println!("{rounds} rounds, median ns per operation (min):");
     for (i, name) in names.iter().enumerate() {
         println!("  {name:<30} {:>7.2} ns ({:>6.2})", meds[i], mins[i]);

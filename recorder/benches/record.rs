@@ -15,7 +15,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use poolsight_recorder::clock::{self, Calibration};
+#[path = "shared/mod.rs"]
+mod harness;
+
+use poolsight_recorder::clock::Calibration;
 use poolsight_recorder::{MemKind, MemRecord, Mode, Recorder, RecorderConfig};
 
 /// Events per memory-event sample: 64 MiB of trace, far more than any cache holds.
@@ -54,12 +57,7 @@ fn config(mode: Mode) -> RecorderConfig {
 
 /// ns per clock read.
 fn floor() -> f64 {
-    let n = EVENTS;
-    let start = Instant::now();
-    for _ in 0..n {
-        std::hint::black_box(clock::ticks());
-    }
-    start.elapsed().as_nanos() as f64 / n as f64
+    harness::floor(EVENTS)
 }
 
 /// ns per memory event.
@@ -141,30 +139,11 @@ fn bytes_per_event() {
     let _ = std::fs::remove_file(&path);
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    // `cargo bench` passes `--bench`; anything else is ours.
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(9usize)
-        .max(1);
+    let rounds = harness::rounds(&args);
     Calibration::measure(Duration::from_millis(1)); // fixes the clock source, as a recorder does
     let _tracy = tracy_client::Client::start();
-    println!("load average before: {}", loadavg());
     let names = [
         "clock read (floor)",
         "memory event, grow mode",
@@ -175,12 +154,8 @@ fn main() {
     ];
     // `--only WORD`: run the contestants whose name contains WORD (and the floor), for a
     // profiler's eyes; the targets are then judged on what ran.
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1));
+    let only = harness::arg(&args, "--only");
     let runs = |i: usize| i == 0 || only.is_none_or(|w| names[i].contains(w.as_str()));
-    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
     let contestants: [&dyn Fn() -> f64; 6] = [
         &floor,
         &|| memory_event(Mode::Grow),
@@ -189,17 +164,7 @@ fn main() {
         &measureme,
         &tracy,
     ];
-    for _ in 0..rounds {
-        for (i, run) in contestants.iter().enumerate() {
-            samples[i].push(if runs(i) { run() } else { f64::NAN });
-        }
-    }
-    println!("load average after:  {}", loadavg());
-    let mins: Vec<f64> = samples
-        .iter()
-        .map(|s| s.iter().copied().fold(f64::INFINITY, f64::min))
-        .collect();
-    let meds: Vec<f64> = samples.iter_mut().map(|s| median(s)).collect();
+    let (meds, mins) = harness::interleaved(&contestants, rounds, runs);
     let floor = meds[0];
     println!("{rounds} rounds, median ns per operation (min), and minus the floor:");
     for (i, name) in names.iter().enumerate().filter(|&(i, _)| runs(i)) {
