@@ -19,6 +19,22 @@ fn blessing() -> bool {
     std::env::var_os("POOLSIGHT_BLESS").is_some_and(|v| v != "0")
 }
 
+/// Compares `got` with the golden file at `path` (rewrites it when blessing), adding a
+/// mismatch report to `mismatches`.
+fn compare_golden(path: &std::path::Path, got: &str, mismatches: &mut Vec<String>) {
+    if blessing() {
+        std::fs::write(path, got).expect("write expected");
+        return;
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    if got != want {
+        mismatches.push(format!(
+            "{}:\n--- expected\n{want}\n--- got\n{got}",
+            path.display()
+        ));
+    }
+}
+
 /// The trace arguments of a scenario, relative to the repository root.
 fn traces(name: &str, dir: &str) -> Vec<String> {
     if name == "two_ranks" {
@@ -110,18 +126,7 @@ fn reports_of_the_committed_traces_match_the_golden_files() {
         std::fs::create_dir_all(expected_dir(name)).expect("mkdir");
         for (file, args) in cases(name) {
             let got = poolsight(&args, &traces);
-            let path = expected_dir(name).join(&file);
-            if blessing() {
-                std::fs::write(&path, &got).expect("write expected");
-                continue;
-            }
-            let want = std::fs::read_to_string(&path).unwrap_or_default();
-            if got != want {
-                mismatches.push(format!(
-                    "{}:\n--- expected\n{want}\n--- got\n{got}",
-                    path.display()
-                ));
-            }
+            compare_golden(&expected_dir(name).join(&file), &got, &mut mismatches);
         }
     }
     assert!(
@@ -346,18 +351,7 @@ fn older_format_versions_stay_readable() {
             std::fs::create_dir_all(&expected).expect("mkdir");
             for cmd in ["functions", "lines", "epochs"] {
                 let got = poolsight(&[cmd, "--format", "json"], &traces);
-                let path = expected.join(format!("{cmd}.json"));
-                if blessing() {
-                    std::fs::write(&path, &got).expect("write expected");
-                    continue;
-                }
-                let want = std::fs::read_to_string(&path).unwrap_or_default();
-                if got != want {
-                    mismatches.push(format!(
-                        "{}:\n--- expected\n{want}\n--- got\n{got}",
-                        path.display()
-                    ));
-                }
+                compare_golden(&expected.join(format!("{cmd}.json")), &got, &mut mismatches);
             }
         }
     }
