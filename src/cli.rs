@@ -270,9 +270,6 @@ pub fn main() -> ExitCode {
     ExitCode::from(run_args(std::env::args_os()))
 }
 
-/// Runs the command line `args` (`args[0]` is the program name) and returns the exit code:
-/// 0 ok, 1 a `diff` rule was crossed, 2 bad input or usage. Never exits the process, so the
-/// Python package can run it in-process.
 /// Stack for each of rayon's workers. The reports recurse over the calling-context tree (at
 /// most 1,024 levels, see the replay), and some run on the workers, whose default 2 MiB a
 /// debug build's frames fill well before that depth. Address space only: untouched pages
@@ -287,6 +284,9 @@ fn roomy_workers() {
         .build_global();
 }
 
+/// Runs the command line `args` (`args[0]` is the program name) and returns the exit code:
+/// 0 ok, 1 a `diff` rule was crossed, 2 bad input or usage. Never exits the process, so the
+/// Python package can run it in-process.
 pub fn run_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,

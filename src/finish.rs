@@ -55,15 +55,25 @@ impl FinishPacked for Recorder {
     ) -> Result<PackedRecording, FinishError> {
         let live = self.path();
         let summary = self.finish()?;
-        let (packed, warnings) =
-            pack_file(&live, out.as_ref(), opts).map_err(|source| FinishError::Pack {
-                live: live.clone(),
-                source,
-            })?;
-        Ok(PackedRecording {
-            summary,
-            packed,
-            warnings,
-        })
+        pack_finished(&live, summary, out.as_ref(), opts)
     }
+}
+
+/// The packing half of [`FinishPacked::finish_packed`], for a recording already sealed by
+/// other means (the Python package's and the C ABI's sessions): packs `live` into `out`.
+pub fn pack_finished(
+    live: &Path,
+    summary: Summary,
+    out: &Path,
+    opts: &PackOptions,
+) -> Result<PackedRecording, FinishError> {
+    let (packed, warnings) = pack_file(live, out, opts).map_err(|source| FinishError::Pack {
+        live: live.to_path_buf(),
+        source,
+    })?;
+    Ok(PackedRecording {
+        summary,
+        packed,
+        warnings,
+    })
 }

@@ -10,7 +10,7 @@ pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;
 
 mod finish;
-pub use finish::{FinishError, FinishPacked, PackedRecording};
+pub use finish::{pack_finished, FinishError, FinishPacked, PackedRecording};
 
 // The CLI's modules name the crate as their users do.
 extern crate self as poolsight;

@@ -57,6 +57,11 @@ impl Session {
         &self.path
     }
 
+    /// The trace file's absolute path (the recorder keeps it absolute), finished or not.
+    pub fn file_path(&self) -> std::path::PathBuf {
+        self.handle.path()
+    }
+
     pub fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Acquire)
     }

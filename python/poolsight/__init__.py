@@ -141,7 +141,7 @@ class Recording:
         pack_level: int = 3,
     ):
         self._native = native
-        # Absolute, so that packing at finish finds the file after a change of directory.
+        # Absolute, so that `pack=True` at finish names the copy after a change of directory.
         self._live = os.path.abspath(native.path)
         self._pack = pack
         self._pack_level = pack_level
@@ -246,17 +246,7 @@ class Recording:
         target = self._pack if pack is None else _pack_target(self._live, pack)
         if self in _active:
             _active.remove(self)
-        result = self._native.finish()
-        if target is not None:
-            try:
-                packed = _native.pack(self._live, target, self._pack_level)
-            except PoolsightError as e:
-                raise PoolsightError(
-                    f"{self.path} is finished and complete, but packing it failed: {e}"
-                ) from e
-            result["packed_path"] = target
-            result["packed_bytes"] = packed["bytes_out"]
-        return result
+        return self._native.finish(pack=target, level=self._pack_level)
 
     def __enter__(self) -> Recording:
         return self
@@ -360,11 +350,7 @@ def pack(trace: str | os.PathLike[str], output: str | os.PathLike[str], level: i
     ``poolsight`` command reads it as it reads the original. Returns events, bytes_in,
     bytes_out and the reader's warnings (chunks of a damaged input that were left out).
     Raises :class:`PoolsightError` for a file that cannot be read or written."""
-    _check_level(level)
-    for name, value in (("trace", trace), ("output", output)):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} is a path, not {type(value).__name__}")
-    return _native.pack(os.fspath(trace), os.fspath(output), level)
+    return _native.pack(trace, output, level)
 
 
 def main(argv: list[str] | None = None) -> int:

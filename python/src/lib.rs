@@ -132,14 +132,31 @@ impl Recorder {
         self.session.dropped_events()
     }
 
-    /// Seals the file; returns {events, chunks, dropped_events, file_bytes}.
-    fn finish<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Seals the file; returns {events, chunks, dropped_events, file_bytes}. With ``pack``, then
+    /// writes a packed copy there (zstd ``level``), as ``FinishPacked::finish_packed`` does, and
+    /// adds ``packed_path`` and ``packed_bytes``.
+    #[pyo3(signature = (pack=None, level=3))]
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+        pack: Option<std::path::PathBuf>,
+        level: i32,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let opts = pack_options(level)?;
         let s = py.detach(|| self.session.finish()).map_err(err)?;
         let d = PyDict::new(py);
         d.set_item("events", s.events)?;
         d.set_item("chunks", s.chunks)?;
         d.set_item("dropped_events", s.dropped_events)?;
         d.set_item("file_bytes", s.file_bytes)?;
+        if let Some(out) = pack {
+            let live = self.session.file_path();
+            let done = py
+                .detach(|| poolsight::pack_finished(&live, s, &out, &opts))
+                .map_err(|e| PoolsightError::new_err(e.to_string()))?;
+            d.set_item("packed_path", out.to_string_lossy())?;
+            d.set_item("packed_bytes", done.packed.bytes_out)?;
+        }
         Ok(d)
     }
 
@@ -527,6 +544,18 @@ fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
     }
 }
 
+fn pack_options(level: i32) -> PyResult<poolsight::analyzer::pack::PackOptions> {
+    if !(1..=22).contains(&level) {
+        return Err(PyValueError::new_err(format!(
+            "a zstd level is an int in 1..22, not {level}"
+        )));
+    }
+    Ok(poolsight::analyzer::pack::PackOptions {
+        level,
+        ..Default::default()
+    })
+}
+
 /// Packs the finished trace ``trace`` into ``output`` (what ``poolsight pack`` does); returns
 /// {events, bytes_in, bytes_out, warnings}. The reader's warnings name chunks left out.
 #[pyfunction]
@@ -537,15 +566,7 @@ fn pack<'py>(
     output: std::path::PathBuf,
     level: i32,
 ) -> PyResult<Bound<'py, PyDict>> {
-    if !(1..=22).contains(&level) {
-        return Err(PyValueError::new_err(format!(
-            "level must be an int in 1..22, not {level}"
-        )));
-    }
-    let opts = poolsight::analyzer::pack::PackOptions {
-        level,
-        ..Default::default()
-    };
+    let opts = pack_options(level)?;
     let (s, warnings) = py
         .detach(|| poolsight::analyzer::pack::pack_file(&trace, &output, &opts))
         .map_err(|e| PoolsightError::new_err(e.to_string()))?;

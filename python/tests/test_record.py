@@ -328,7 +328,7 @@ def test_pack_function_and_its_bad_arguments(trace, tmp_path):
     assert s["bytes_in"] == trace.stat().st_size and s["warnings"] == []
     with pytest.raises(ValueError, match="zstd level"):
         poolsight.pack(trace, out, level=23)
-    with pytest.raises(TypeError, match="output is a path"):
+    with pytest.raises(TypeError, match="'output'"):
         poolsight.pack(trace, 3)
     with pytest.raises(TypeError, match="pack is a path"):
         poolsight.record(trace, pack=1.5)
