@@ -324,3 +324,45 @@ fn deferred_checksums_are_checked_by_the_replay() {
             .collect::<Vec<_>>()
     );
 }
+
+/// A recording attached mid-run sees frees and releases of blocks it never saw allocated, so
+/// its bytes go below zero; windows holding only those (no malloc, no device alloc) have no
+/// peak of their own and must not be read as if they had one.
+#[test]
+fn bytes_below_zero_replay_the_same_in_windows() {
+    let path = tmp("below-zero.pstrace");
+    let rec = Recorder::create(
+        &path,
+        RecorderConfig {
+            chunk_size: 4096, // about 120 events a chunk: windows can be cut every chunk
+            ..RecorderConfig::default()
+        },
+    )
+    .unwrap();
+    let h = rec.handle();
+    let mem = |kind, ptr, bytes| {
+        h.record_mem(MemRecord {
+            kind,
+            device: 0,
+            stream: 0,
+            ptr,
+            bytes,
+            stack: 0,
+            pmem: 0,
+        })
+    };
+    for i in 0..400u64 {
+        mem(MemKind::FreePost, 0x1000 + i * 512, 512);
+        mem(MemKind::Release, 0, 1 << 20);
+    }
+    for i in 0..50u64 {
+        mem(MemKind::MallocPost, 0x9000 + i * 512, 100);
+        mem(MemKind::FreePost, 0x9000 + i * 512, 512);
+        if i % 10 == 0 {
+            mem(MemKind::AllocPost, 0x100000 * (i + 1), 1 << 20);
+        }
+    }
+    drop(h);
+    rec.finish().unwrap();
+    assert_same(&path, &[1, 2, 3, 7, 64], true);
+}

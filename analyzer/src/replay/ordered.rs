@@ -1013,15 +1013,19 @@ impl Timeline {
                 tl.mark(&m.mark);
             }
             stretch(&mut tl, w.seg_used, w.seg_acquired)?;
-            if w.ordinal > 0 {
-                let (p, ticks, ordinal) = w.peak_used;
+            // A window without a malloc (or a device alloc) has no peak of its own: the
+            // placeholder is not a byte count.
+            let (p, ticks, ordinal) = w.peak_used;
+            if p != i64::MIN {
                 let p = used(p)?;
                 if p > tl.peak_used {
                     tl.peak_used = p;
                     tl.peak_used_ticks = ticks;
                     tl.peak_ordinal = Some(tl.ordinal + ordinal);
                 }
-                let (p, ticks) = w.peak_acquired;
+            }
+            let (p, ticks) = w.peak_acquired;
+            if p != i64::MIN {
                 let p = acquired(p)?;
                 if p > tl.peak_acquired {
                     tl.peak_acquired = p;
