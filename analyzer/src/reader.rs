@@ -347,7 +347,13 @@ impl Trace {
             .flat_map_iter(|w| {
                 let out: Vec<_> = w
                     .iter()
-                    .map(|&&(off, len)| verify_chunk(data, off, len, minor, packed, deferred))
+                    .map(|&&(off, len)| {
+                        let verify =
+                            |deferred| verify_chunk(data, off, len, minor, packed, deferred);
+                        // A chunk refused for what a deferred checksum would have caught first
+                        // is refused for the reason an open that checks every checksum gives.
+                        verify(deferred).or_else(|e| if deferred { verify(false) } else { Err(e) })
+                    })
                     .collect();
                 release_window(&map, w.iter().map(|&&(off, len)| (off, len)));
                 out
@@ -1010,22 +1016,6 @@ struct Verified {
 }
 
 fn verify_chunk(
-    data: &[u8],
-    off: u64,
-    len: u32,
-    minor: u16,
-    packed_trace: bool,
-    deferred: bool,
-) -> Result<Verified, Warning> {
-    match verify_chunk_once(data, off, len, minor, packed_trace, deferred) {
-        // A chunk refused for what a deferred checksum would have caught first is refused for
-        // the reason an open that checks every checksum gives.
-        Err(_) if deferred => verify_chunk_once(data, off, len, minor, packed_trace, false),
-        result => result,
-    }
-}
-
-fn verify_chunk_once(
     data: &[u8],
     off: u64,
     len: u32,

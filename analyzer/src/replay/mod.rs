@@ -81,9 +81,8 @@ impl Default for ReplayOptions {
 
 /// Replays one trace. `index` is its position among the traces being merged (0 for one).
 pub fn replay(trace: &Trace, index: u32, opts: &ReplayOptions) -> Profile {
-    let (stacks, timeline) = passes(trace, opts, Split::Windows(windows::WINDOW_EVENTS))
-        .unwrap_or_else(|| one_merge(trace, opts));
-    assemble(trace, index, opts, stacks, timeline)
+    replay_split(trace, index, opts, Split::Windows(windows::WINDOW_EVENTS))
+        .expect("a replay in windows falls back to the one merge")
 }
 
 /// How [`replay_split`] divides the work. The figures never depend on it; tests compare.
