@@ -12,7 +12,7 @@ use poolsight::recorder::{
 };
 use poolsight::schema::fb;
 use poolsight::schema::flatbuffers::FlatBufferBuilder;
-use poolsight::schema::{header_crc, Prelude, HEADER_CRC_LEN, PRELUDE_LEN};
+use poolsight::schema::{header_crc, header_region, Prelude, HEADER_CRC_LEN, PRELUDE_LEN};
 
 fn tmp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("poolsight-crafted-{}", std::process::id()));
@@ -263,12 +263,9 @@ fn crafted(c: Craft, fill: u8) -> Vec<u8> {
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);
     let header = fbb.finished_data();
-    let data_offset = (PRELUDE_LEN + header.len() + HEADER_CRC_LEN).next_multiple_of(8);
+    let region = header_region(header);
     let mut out = vec![fill; 1024];
-    out[..data_offset].fill(0);
-    out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
-    out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);
-    seal_header(&mut out);
+    out[..region.len()].copy_from_slice(&region);
     out
 }
 

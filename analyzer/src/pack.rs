@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use flatbuffers::FlatBufferBuilder;
 use poolsight_schema::{
-    align8, chunk_crc, fb, finish_chunk, header_region, meta_field, meta_offset, FORMAT_MAJOR,
-    FORMAT_MINOR, HEADER_CRC_LEN, PRELUDE_LEN,
+    align8, chunk_crc, data_offset, fb, finish_chunk, header_region, meta_field, meta_offset,
+    FORMAT_MAJOR, FORMAT_MINOR,
 };
 use rayon::prelude::*;
 
@@ -123,9 +123,8 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
     let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
 
     let header = build_header(trace);
-    let data_offset = align8((PRELUDE_LEN + header.len() + HEADER_CRC_LEN) as u64);
-    w.write_all(&header_region(data_offset, &header))
-        .map_err(io)?;
+    let data_offset = data_offset(header.len());
+    w.write_all(&header_region(&header)).map_err(io)?;
     // The footer is written last (it holds the file's end); its size does not depend on its
     // values, so a placeholder keeps its slot.
     let footer_len = footer_chunk(trace, 0).len() as u64;

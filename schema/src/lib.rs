@@ -159,10 +159,17 @@ pub fn header_crc(region: &[u8]) -> u32 {
     crc32fast::hash(region)
 }
 
-/// Bytes `[0, data_offset)` of a trace file: prelude, the size-prefixed `header` buffer, zero
-/// padding, and the header checksum ([`header_crc`]) in the last 4 bytes. What the recorder
-/// and the packer both write first.
-pub fn header_region(data_offset: u64, header: &[u8]) -> Vec<u8> {
+/// Where the chunks start in a file whose size-prefixed header buffer is `header_len` bytes:
+/// after the prelude, the header and its checksum, 8-aligned.
+pub fn data_offset(header_len: usize) -> u64 {
+    align8((PRELUDE_LEN + header_len + HEADER_CRC_LEN) as u64)
+}
+
+/// Bytes `[0, data_offset)` of a trace file ([`data_offset`]): prelude, the size-prefixed
+/// `header` buffer, zero padding, and the header checksum ([`header_crc`]) in the last 4
+/// bytes. What the recorder and the packer both write first.
+pub fn header_region(header: &[u8]) -> Vec<u8> {
+    let data_offset = data_offset(header.len());
     let mut out = vec![0u8; data_offset as usize];
     out[..PRELUDE_LEN].copy_from_slice(&Prelude::current(data_offset as u32).encode());
     out[PRELUDE_LEN..PRELUDE_LEN + header.len()].copy_from_slice(header);

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flatbuffers::FlatBufferBuilder;
-use poolsight_schema::{align8, fb, finish_chunk, header_region, HEADER_CRC_LEN, PRELUDE_LEN};
+use poolsight_schema::{align8, data_offset, fb, finish_chunk, header_region};
 
 pub use defs::{DeviceInfo, Frame};
 pub use thread::MemRecord;
@@ -169,7 +169,7 @@ impl Recorder {
         }
         let calibration = Calibration::measure(config.calibration);
         let header = build_header(&config, &calibration);
-        let data_offset = align8((PRELUDE_LEN + header.len() + HEADER_CRC_LEN) as u64);
+        let data_offset = data_offset(header.len());
         let footer_bytes = build_footer(&FooterFields::default());
         let footer_len = align8(footer_bytes.len() as u64);
         let chunk_len = align8(config.chunk_size as u64);
@@ -197,7 +197,7 @@ impl Recorder {
             config.max_bytes,
         )?);
         prepare::spawn(&file);
-        file.write_at(0, &header_region(data_offset, &header));
+        file.write_at(0, &header_region(&header));
         let footer = Region {
             offset: data_offset,
             len: footer_len,
