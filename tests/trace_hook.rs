@@ -307,8 +307,8 @@ fn an_addressed_allocation_with_stack_0_records_the_open_scopes() {
     );
 }
 
-/// Another hook beside the TraceHook: the pool then calls both through the hook list (the
-/// TraceHook alone is called directly), and the trace must hold the same events.
+/// Another hook beside the TraceHook, one that takes the pre callbacks: the TraceHook then gets
+/// them too, and still writes pre events only when asked to, as when it is alone.
 #[test]
 fn a_trace_hook_beside_another_hook_records_the_same_events() {
     struct Quiet;

@@ -1,6 +1,6 @@
 //! Pool malloc+free round trips (pool hits, as in a training loop): without hooks, with a
-//! do-nothing hook, and with the TraceHook in grow and ring mode, beside the recorder's floor,
-//! one clock read, all in one run. The target: the TraceHook adds <= 2 x (floor + 5 ns) per pair
+//! do-nothing hook, and with the TraceHook in grow and ring mode (registered, and bound to its
+//! pool with `record_to`), beside the recorder's floor, one clock read, all in one run. The target: the TraceHook adds <= 2 x (floor + 5 ns) per pair
 //! (a pair records two events).
 //!
 //! The contestants run interleaved, round after round; each figure is the median over the
@@ -40,7 +40,9 @@ fn round_trips(pool: &MemoryPool, pairs: u64) -> f64 {
     start.elapsed().as_nanos() as f64 / pairs as f64
 }
 
-fn traced(p: &MemoryPool, mode: Mode, dir: &std::path::Path) -> f64 {
+/// ns per malloc+free pair with a `TraceHook` in `mode`: registered for this thread
+/// (`install`), or bound to a pool of its own (`record_to`, what the C ABI and Python do).
+fn traced(p: &MemoryPool, mode: Mode, bound: bool, dir: &std::path::Path) -> f64 {
     let path = dir.join("pool.pstrace");
     let config = RecorderConfig {
         mode,
@@ -48,7 +50,14 @@ fn traced(p: &MemoryPool, mode: Mode, dir: &std::path::Path) -> f64 {
         ..RecorderConfig::default()
     };
     let rec = Recorder::create(&path, config).expect("create trace");
-    let guard = TraceHook::for_pool(rec.handle(), p).install();
+    let own = pool(); // a pool takes one hook for life
+    let (p, guard) = if bound {
+        let hook = TraceHook::for_pool(rec.handle(), &own);
+        own.record_to(hook).expect("a new pool has no hook");
+        (&own, None)
+    } else {
+        (p, Some(TraceHook::for_pool(rec.handle(), p).install()))
+    };
     round_trips(p, 1); // the first malloc from this call site interns its stack
     let t = round_trips(p, PAIRS);
     drop(guard);
@@ -70,24 +79,26 @@ fn main() {
         "malloc+free, no-op hook",
         "malloc+free, TraceHook grow",
         "malloc+free, TraceHook ring",
+        "malloc+free, bound TraceHook grow",
     ];
-    let contestants: [&dyn Fn() -> f64; 5] = [
+    let contestants: [&dyn Fn() -> f64; 6] = [
         &|| harness::floor(PAIRS),
         &|| round_trips(&p, PAIRS),
         &|| {
             let _guard = hooks::register(Arc::new(NoOp));
             round_trips(&p, PAIRS)
         },
-        &|| traced(&p, Mode::Grow, &dir),
-        &|| traced(&p, Mode::Ring { slots: 512 }, &dir),
+        &|| traced(&p, Mode::Grow, false, &dir),
+        &|| traced(&p, Mode::Ring { slots: 512 }, false, &dir),
+        &|| traced(&p, Mode::Grow, true, &dir),
     ];
     let (meds, mins) = harness::interleaved(&contestants, rounds, |_| true);
     println!("{rounds} rounds, median ns per operation (min):");
     for (i, name) in names.iter().enumerate() {
-        println!("  {name:<30} {:>7.2} ns ({:>6.2})", meds[i], mins[i]);
+        println!("  {name:<34} {:>7.2} ns ({:>6.2})", meds[i], mins[i]);
     }
     let budget = 2.0 * (meds[0] + 5.0);
-    for (i, mode) in [(3, "grow"), (4, "ring")] {
+    for (i, mode) in [(3, "grow"), (4, "ring"), (5, "bound, grow")] {
         let added = meds[i] - meds[1];
         println!(
             "  TraceHook adds ({mode}): {added:.2} ns per pair; target <= 2 x (floor + 5 ns) = {budget:.2}: {}",

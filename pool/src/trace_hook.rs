@@ -151,10 +151,6 @@ impl MemoryHook for TraceHook {
         self.pre_events
     }
 
-    fn as_trace_hook(&self) -> Option<&TraceHook> {
-        Some(self)
-    }
-
     #[inline]
     fn malloc_preprocess(&self, i: &MallocPre) {
         if self.pre_events {

@@ -27,8 +27,7 @@
 //! reference-count increment on a per-thread list, rebuilt only after a registration changed)
 //! and calls the hooks with no pool lock held, so a hook may allocate from the pool or
 //! (un)register hooks without deadlocking; such changes take effect from the next operation.
-//! When no hook wants the pre callbacks ([`MemoryHook::wants_pre`]) they are skipped, and when
-//! poolsight's [`TraceHook`] is the only hook it is called directly.
+//! When no hook wants the pre callbacks ([`MemoryHook::wants_pre`]) they are skipped.
 
 pub mod debug_print;
 
@@ -37,12 +36,9 @@ pub use debug_print::DebugPrintHook;
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::panic::Location;
-use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-
-use crate::trace_hook::TraceHook;
 
 /// Arguments of [`MemoryHook::malloc_preprocess`]: a request to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,12 +194,6 @@ pub trait MemoryHook: Send + Sync {
     fn wants_pre(&self) -> bool {
         true
     }
-    /// The hook as poolsight's own [`TraceHook`], which the pool then calls directly (no
-    /// dynamic dispatch) when it is the only hook in force. Not for other implementations.
-    #[doc(hidden)]
-    fn as_trace_hook(&self) -> Option<&TraceHook> {
-        None
-    }
 }
 
 /// A thread's view of the hooks in force: its own, then the global ones. `Rc` because it never
@@ -215,22 +205,13 @@ struct HookSet {
     hooks: Box<[Arc<dyn MemoryHook>]>,
     /// Whether any hook wants the pre callbacks ([`MemoryHook::wants_pre`]).
     pre: bool,
-    /// The only hook, when it is a [`TraceHook`]: it points into `hooks[0]`, which this set
-    /// keeps alive and never changes.
-    trace: Option<NonNull<TraceHook>>,
 }
 
 impl HookSet {
     fn new(hooks: Vec<Arc<dyn MemoryHook>>) -> HookSet {
-        let pre = hooks.iter().any(|h| h.wants_pre());
-        let trace = match hooks.as_slice() {
-            [only] => only.as_trace_hook().map(NonNull::from),
-            _ => None,
-        };
         HookSet {
+            pre: hooks.iter().any(|h| h.wants_pre()),
             hooks: hooks.into_boxed_slice(),
-            pre,
-            trace,
         }
     }
 }
@@ -397,18 +378,6 @@ impl HookSnapshot {
     #[inline]
     pub fn wants_pre(&self) -> bool {
         self.list.pre
-    }
-
-    /// Calls `trace` on the only hook when it is a [`TraceHook`] (a direct call the compiler
-    /// can inline), else `each` on every hook as [`HookSnapshot::for_each`] does.
-    #[inline]
-    pub fn dispatch(&self, trace: impl FnOnce(&TraceHook), each: impl FnMut(&dyn MemoryHook)) {
-        match self.list.trace {
-            // SAFETY: `trace` points into `hooks[0]` of the set this snapshot holds a count of
-            // (see `HookSet::trace`).
-            Some(t) => trace(unsafe { t.as_ref() }),
-            None => self.for_each(each),
-        }
     }
 }
 

@@ -142,17 +142,9 @@ impl<'a> Hooks<'a> {
             || self.own.is_some_and(|t| t.wants_pre())
     }
 
-    /// [`HookSnapshot::dispatch`], then the pool's own hook.
+    /// Calls `f` on each hook. Inlined, the pool's own hook is a `TraceHook` the compiler
+    /// knows, so its call is a direct one.
     #[inline]
-    fn dispatch(&self, trace: impl Fn(&TraceHook), each: impl FnMut(&dyn MemoryHook)) {
-        if let Some(r) = &self.registered {
-            r.dispatch(&trace, each);
-        }
-        if let Some(t) = self.own {
-            trace(t);
-        }
-    }
-
     fn for_each(&self, mut f: impl FnMut(&dyn MemoryHook)) {
         if let Some(r) = &self.registered {
             r.for_each(&mut f);
@@ -219,7 +211,7 @@ impl Inner {
             caller,
         };
         if h.wants_pre() {
-            h.dispatch(|t| t.alloc_preprocess(&pre), |k| k.alloc_preprocess(&pre));
+            h.for_each(|k| k.alloc_preprocess(&pre));
         }
         let r = self.device.alloc(mem_size);
         let post = AllocPost {
@@ -229,10 +221,7 @@ impl Inner {
             stream,
             caller,
         };
-        h.dispatch(
-            |t| t.alloc_postprocess(&post),
-            |k| k.alloc_postprocess(&post),
-        );
+        h.for_each(|k| k.alloc_postprocess(&post));
         r
     }
 
@@ -419,7 +408,7 @@ impl Inner {
                 stream,
                 caller,
             };
-            h.dispatch(|t| t.malloc_preprocess(&pre), |k| k.malloc_preprocess(&pre));
+            h.for_each(|k| k.malloc_preprocess(&pre));
         }
         let r = match rounded {
             Some(m) => self.malloc_rounded(size, m, stream, caller, Some(h)),
@@ -438,10 +427,7 @@ impl Inner {
             stream,
             caller,
         };
-        h.dispatch(
-            |t| t.malloc_postprocess(&post),
-            |k| k.malloc_postprocess(&post),
-        );
+        h.for_each(|k| k.malloc_postprocess(&post));
         r
     }
 
@@ -459,7 +445,7 @@ impl Inner {
             stream: m.stream,
         };
         if let Some(h) = hooks.as_ref().filter(|h| h.wants_pre()) {
-            h.dispatch(|t| t.free_preprocess(&info), |k| k.free_preprocess(&info));
+            h.for_each(|k| k.free_preprocess(&info));
         }
         {
             let mut st = self.lock();
@@ -467,7 +453,7 @@ impl Inner {
             self.add_used(&st, m.mem_size.wrapping_neg());
         }
         if let Some(h) = &hooks {
-            h.dispatch(|t| t.free_postprocess(&info), |k| k.free_postprocess(&info));
+            h.for_each(|k| k.free_postprocess(&info));
         }
     }
 
