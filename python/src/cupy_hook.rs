@@ -2,20 +2,22 @@
 //! Python hook binds them as its callbacks), so a callback runs no Python bytecode, only the
 //! keyword-argument parsing and the event write.
 //!
-//! The mapping is the Rust `TraceHook`'s (pool/src/trace_hook.rs): by default only the post
-//! events, which carry the answer (pointer, pmem id) as well as the request; `pre_events`
-//! keeps the pre events too. A malloc's event holds the requested `size` (the analyzer rounds
-//! it by the device's allocation unit, 512 as CuPy's pool rounds); device allocations and frees
-//! hold `mem_size`. Failures arrive as CuPy sends them, post events with `mem_ptr` 0.
+//! The mapping is the Rust `TraceHook`'s: each callback builds the pool's hook arguments and
+//! hands them to a `TraceHook` (pool/src/trace_hook.rs, the one place that maps them onto
+//! memory events), with the stack chosen here (`with_stack`). By default only the post events,
+//! which carry the answer (pointer, pmem id) as well as the request; `pre_events` keeps the pre
+//! events too. Failures arrive as CuPy sends them, post events with `mem_ptr` 0.
 
+use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use pyo3::prelude::*;
 
-use poolsight_recorder::MemKind;
+use poolsight_pool::hooks::{AllocPost, AllocPre, FreeInfo, MallocPost, MallocPre, MemoryHook};
+use poolsight_pool::{with_stack, TraceHook};
 
-use crate::Recorder;
+use crate::{err, Recorder};
 
 /// CuPy's `ALLOCATION_UNIT_SIZE`: its pool rounds every request up to a multiple of it.
 const CUPY_ALLOCATION_UNIT: u64 = 512;
@@ -25,9 +27,9 @@ const CUPY_ALLOCATION_UNIT: u64 = 512;
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct CupyHookSink {
     recorder: Py<Recorder>,
+    hook: TraceHook,
     python_stacks: bool,
     max_depth: u32,
-    pre_events: bool,
     /// Device ids already defined in the trace: a bit per id < 64, larger ids in the list.
     defined: AtomicU64,
     defined_high: Mutex<Vec<u32>>,
@@ -58,22 +60,20 @@ impl CupyHookSink {
         id
     }
 
-    fn stack(&self, py: Python<'_>) -> u32 {
+    /// Runs `f` (a callback of the TraceHook) with the allocation's stack: the Python frames or
+    /// the open scopes. A finished recording or a frame that cannot be read must not raise
+    /// into CuPy: stack 0 then.
+    fn with_caller_stack(&self, py: Python<'_>, f: impl FnOnce(&TraceHook)) {
         let rec = self.recorder.get();
+        if rec.session.is_finished() {
+            return; // as for observed events: CuPy's late frees are not dropped events
+        }
         let stack = if self.python_stacks {
             rec.python_stack(py, self.max_depth, 0)
         } else {
             rec.scopes_stack()
         };
-        // A finished recording or a frame that cannot be read must not raise into CuPy.
-        stack.unwrap_or(0)
-    }
-
-    fn write(&self, kind: MemKind, device: u32, ptr: u64, bytes: u64, stack: u32, pmem: u64) {
-        self.recorder
-            .get()
-            .session
-            .mem_event(kind, device, 0, ptr, bytes, stack, pmem as u32);
+        with_stack(stack.unwrap_or(0), || f(&self.hook));
     }
 }
 
@@ -87,11 +87,13 @@ impl CupyHookSink {
         max_depth: u32,
         pre_events: bool,
     ) -> PyResult<Self> {
+        let recorder = crate::native_recorder(recorder)?;
+        let handle = recorder.get().session.handle().map_err(err)?.clone();
         Ok(CupyHookSink {
-            recorder: crate::native_recorder(recorder)?,
+            recorder,
+            hook: TraceHook::new(handle).with_pre_events(pre_events),
             python_stacks,
             max_depth,
-            pre_events,
             defined: AtomicU64::new(0),
             defined_high: Mutex::new(Vec::new()),
         })
@@ -99,16 +101,20 @@ impl CupyHookSink {
 
     #[getter]
     fn pre_events(&self) -> bool {
-        self.pre_events
+        self.hook.wants_pre()
     }
 
     #[pyo3(signature = (*, device_id, size, mem_size))]
     fn malloc_preprocess(&self, py: Python<'_>, device_id: i64, size: u64, mem_size: u64) {
-        let _ = mem_size;
-        if self.pre_events {
-            let device = self.device(device_id);
-            let stack = self.stack(py);
-            self.write(MemKind::MallocPre, device, 0, size, stack, 0);
+        if self.hook.wants_pre() {
+            let info = MallocPre {
+                device_id: self.device(device_id),
+                size,
+                mem_size,
+                stream: 0,
+                caller: Location::caller(),
+            };
+            self.with_caller_stack(py, |h| h.malloc_preprocess(&info));
         }
     }
 
@@ -122,40 +128,89 @@ impl CupyHookSink {
         mem_ptr: u64,
         pmem_id: u64,
     ) {
-        let _ = mem_size;
-        let device = self.device(device_id);
-        let stack = self.stack(py);
-        self.write(MemKind::MallocPost, device, mem_ptr, size, stack, pmem_id);
+        let info = MallocPost {
+            device_id: self.device(device_id),
+            size,
+            mem_size,
+            mem_ptr,
+            pmem_id,
+            stream: 0,
+            caller: Location::caller(),
+        };
+        self.with_caller_stack(py, |h| h.malloc_postprocess(&info));
     }
 
     #[pyo3(signature = (*, device_id, mem_size))]
     fn alloc_preprocess(&self, py: Python<'_>, device_id: i64, mem_size: u64) {
-        if self.pre_events {
-            let device = self.device(device_id);
-            let stack = self.stack(py);
-            self.write(MemKind::AllocPre, device, 0, mem_size, stack, 0);
+        if self.hook.wants_pre() {
+            let info = AllocPre {
+                device_id: self.device(device_id),
+                mem_size,
+                stream: 0,
+                caller: Location::caller(),
+            };
+            self.with_caller_stack(py, |h| h.alloc_preprocess(&info));
         }
     }
 
     #[pyo3(signature = (*, device_id, mem_size, mem_ptr))]
     fn alloc_postprocess(&self, py: Python<'_>, device_id: i64, mem_size: u64, mem_ptr: u64) {
-        let device = self.device(device_id);
-        let stack = self.stack(py);
-        self.write(MemKind::AllocPost, device, mem_ptr, mem_size, stack, 0);
+        let info = AllocPost {
+            device_id: self.device(device_id),
+            mem_size,
+            mem_ptr,
+            stream: 0,
+            caller: Location::caller(),
+        };
+        self.with_caller_stack(py, |h| h.alloc_postprocess(&info));
     }
 
     #[pyo3(signature = (*, device_id, mem_size, mem_ptr, pmem_id))]
     fn free_preprocess(&self, device_id: i64, mem_size: u64, mem_ptr: u64, pmem_id: u64) {
-        if self.pre_events {
-            let device = self.device(device_id);
-            self.write(MemKind::FreePre, device, mem_ptr, mem_size, 0, pmem_id);
+        if self.hook.wants_pre() {
+            self.free(
+                |h, i| h.free_preprocess(i),
+                device_id,
+                mem_size,
+                mem_ptr,
+                pmem_id,
+            );
         }
     }
 
     #[pyo3(signature = (*, device_id, mem_size, mem_ptr, pmem_id))]
     fn free_postprocess(&self, device_id: i64, mem_size: u64, mem_ptr: u64, pmem_id: u64) {
-        let device = self.device(device_id);
-        self.write(MemKind::FreePost, device, mem_ptr, mem_size, 0, pmem_id);
+        self.free(
+            |h, i| h.free_postprocess(i),
+            device_id,
+            mem_size,
+            mem_ptr,
+            pmem_id,
+        );
+    }
+}
+
+impl CupyHookSink {
+    /// A free callback: no stack, and nothing once the recording is finished.
+    fn free(
+        &self,
+        f: impl FnOnce(&TraceHook, &FreeInfo),
+        device_id: i64,
+        mem_size: u64,
+        mem_ptr: u64,
+        pmem_id: u64,
+    ) {
+        if self.recorder.get().session.is_finished() {
+            return;
+        }
+        let info = FreeInfo {
+            device_id: self.device(device_id),
+            mem_size,
+            mem_ptr,
+            pmem_id,
+            stream: 0,
+        };
+        f(&self.hook, &info);
     }
 }
 
