@@ -819,8 +819,15 @@ pub(super) struct WindowFold {
     seg_used: i64,
     seg_acquired: i64,
     marks: Vec<WindowMark>,
-    /// (bucket index, bucket) in merge order, one entry per run of equal indices.
+    /// (bucket index, bucket) in merge order, one entry per run of equal indices, the open
+    /// one (`open`) not yet among them.
     buckets: Vec<(u64, Bucket)>,
+    /// The bucket the latest events fell in: its index and its figures so far (bytes
+    /// `i64::MIN` until an event sets them); index `u64::MAX` before the first event.
+    open: (u64, Bucket),
+    /// Ticks from which events fall past the open bucket (`u64::MAX` without a series): one
+    /// compare per event instead of a shift and a look into `buckets`.
+    edge: u64,
 }
 
 /// A mark as a window met it: the bytes then, and the highest bytes since the previous mark.
@@ -881,6 +888,15 @@ impl WindowFold {
             seg_acquired: i64::MIN,
             marks: Vec::new(),
             buckets: Vec::new(),
+            open: (
+                u64::MAX,
+                Bucket {
+                    used: i64::MIN,
+                    acquired: i64::MIN,
+                    used_ordinal: 0,
+                },
+            ),
+            edge: if shift.is_some() { 0 } else { u64::MAX },
         }
     }
 
@@ -897,6 +913,9 @@ impl WindowFold {
     #[inline]
     pub(super) fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units) {
         self.last_ticks = Some(ticks);
+        if ticks >= self.edge {
+            self.open_bucket(ticks);
+        }
         match e.kind() {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let size = units.mem_size(e.device(), e.bytes());
@@ -938,19 +957,46 @@ impl WindowFold {
             fb::MemKind::OutOfMemory => self.ooms += 1,
             _ => {}
         }
-        if let Some(shift) = self.shift {
-            let i = shr(ticks.saturating_sub(self.t0), shift);
-            let now = Bucket {
-                used: self.used,
-                acquired: self.acquired,
-                used_ordinal: self.ordinal,
-            };
-            match self.buckets.last_mut() {
-                Some((j, b)) if *j == i => *b = b.max(now),
-                _ => self.buckets.push((i, now)),
-            }
+        // The open bucket keeps the highest used bytes first reached in it (as `Bucket::max`
+        // folds them) and the highest acquired bytes.
+        let b = &mut self.open.1;
+        if self.used > b.used {
+            b.used = self.used;
+            b.used_ordinal = self.ordinal;
         }
+        b.acquired = b.acquired.max(self.acquired);
         self.ordinal += 1;
+    }
+
+    /// Closes the open bucket and opens the one `ticks` falls in (once per bucket, or never
+    /// without a series).
+    #[cold]
+    fn open_bucket(&mut self, ticks: u64) {
+        let Some(shift) = self.shift else { return };
+        if self.open.0 != u64::MAX {
+            self.buckets.push(self.open);
+        }
+        let i = shr(ticks.saturating_sub(self.t0), shift);
+        self.open = (
+            i,
+            Bucket {
+                used: i64::MIN,
+                acquired: i64::MIN,
+                used_ordinal: self.ordinal,
+            },
+        );
+        // The bucket's last tick plus one, or the end of time.
+        self.edge = i
+            .checked_add(1)
+            .and_then(|n| n.checked_shl(shift).filter(|&w| w >> shift == n))
+            .and_then(|w| self.t0.checked_add(w))
+            .unwrap_or(u64::MAX);
+    }
+
+    /// The series' buckets of this window, in merge order, the open one last.
+    fn all_buckets(&self) -> impl Iterator<Item = &(u64, Bucket)> {
+        let open = (self.open.0 != u64::MAX).then_some(&self.open);
+        self.buckets.iter().chain(open)
     }
 
     pub(super) fn mark(&mut self, m: &fb::MarkEvent) {
@@ -1034,7 +1080,7 @@ impl Timeline {
             }
             if shift.is_some() {
                 let d = &mut tl.series;
-                for (i, b) in &w.buckets {
+                for (i, b) in w.all_buckets() {
                     let i = usize::try_from(*i).ok().filter(|&i| i < d.cap)?;
                     if i >= d.buckets.len() {
                         d.buckets.resize(i + 1, None);
