@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -273,8 +274,8 @@ const VERIFIER: flatbuffers::VerifierOptions = flatbuffers::VerifierOptions {
 
 impl Trace {
     pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, map) = map_file(path.as_ref())?;
-        Self::from_map(path, map, false)
+        let (path, file, map) = map_file(path.as_ref())?;
+        Self::from_map(path, &file, map, false)
     }
 
     /// [`Trace::open`], except that the checksums of sealed event chunks are not checked here
@@ -286,8 +287,8 @@ impl Trace {
     /// again with `open` (which names the corrupted chunks and leaves them out) and replay
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, map) = map_file(path.as_ref())?;
-        Self::from_map(path, map, true)
+        let (path, file, map) = map_file(path.as_ref())?;
+        Self::from_map(path, &file, map, true)
     }
 
     /// Checks a chunk's deferred checksum (nothing for a chunk whose checksum was checked at
@@ -325,7 +326,7 @@ impl Trace {
                 .all(|(c, ok)| !c.crc_deferred || ok.load(Ordering::Relaxed))
     }
 
-    fn from_map(path: PathBuf, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
+    fn from_map(path: PathBuf, file: &File, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
         let data: &[u8] = &map;
         let prelude = Prelude::decode(data).map_err(|source| ReadError::Prelude {
             path: path.clone(),
@@ -339,7 +340,13 @@ impl Trace {
                 what,
             }
         })?;
-        let spans = walk(&map, prelude.data_offset as u64, &header, &mut warnings);
+        let spans = walk(
+            &map,
+            file,
+            prelude.data_offset as u64,
+            &header,
+            &mut warnings,
+        );
         let minor = prelude.minor;
         let packed = header.packed;
         let results: Vec<Result<Verified, Warning>> = windows(&spans, |&(off, len)| (off, len))
@@ -472,6 +479,31 @@ impl Trace {
             .into_iter()
             .map(|w| w.into_iter().copied().collect())
             .collect()
+    }
+
+    /// Releases the pages of chunks a pass is done with, in as few calls as their layout
+    /// allows: each call costs every other core running the pass a TLB flush, so neighbours
+    /// go together, across gaps of up to [`MIN_WINDOW`] (whose pages some other worker may
+    /// still read: it faults them back in).
+    pub fn release_chunks<'a>(&self, chunks: impl Iterator<Item = &'a ChunkInfo>) {
+        let mut spans: Vec<(u64, u64)> = chunks
+            .map(|c| (c.offset, c.offset + c.len as u64))
+            .collect();
+        spans.sort_unstable();
+        let mut run: Option<(u64, u64)> = None;
+        for (lo, hi) in spans {
+            run = match run {
+                Some((a, b)) if lo <= b.saturating_add(MIN_WINDOW) => Some((a, b.max(hi))),
+                Some((a, b)) => {
+                    release(&self.map, a, b);
+                    Some((lo, hi))
+                }
+                None => Some((lo, hi)),
+            };
+        }
+        if let Some((a, b)) = run {
+            release(&self.map, a, b);
+        }
     }
 
     /// Releases the pages of a window of [`Trace::windows`] once it is processed.
@@ -797,6 +829,7 @@ const MIN_CHUNK_LEN: u64 = 48;
 /// Finds every chunk's (offset, length incl. prefix) without trusting anything but bounds.
 fn walk(
     map: &Mmap,
+    file: &File,
     data_offset: u64,
     header: &Header,
     warnings: &mut Vec<Warning>,
@@ -865,7 +898,7 @@ fn walk(
             release(map, released, off);
             released = off;
         }
-        match frame_at(data, off) {
+        match frame_read(file, data, off) {
             Frame::Chunk(len) => {
                 spans.push((off, len));
                 off = align8(off + len as u64);
@@ -942,11 +975,37 @@ impl Frame {
 
 fn frame_at(data: &[u8], off: u64) -> Frame {
     let end = data.len() as u64;
+    let head = data.get(off as usize..).unwrap_or_default();
+    frame_head(&head[..head.len().min(MIN_PREFIXED_LEN)], off, end)
+}
+
+/// [`frame_at`], reading the frame's first bytes with a system call rather than through the
+/// mapping: the walk visits one spot every chunk, and a fault there would map the pages
+/// around it too (the kernel's fault-around), pages the walk would then have to give back.
+/// Where the read fails, the mapping has the same bytes.
+#[cfg(unix)]
+fn frame_read(file: &File, data: &[u8], off: u64) -> Frame {
+    use std::os::unix::fs::FileExt;
+    let end = data.len() as u64;
+    let mut head = [0u8; MIN_PREFIXED_LEN];
+    let n = end.saturating_sub(off).min(MIN_PREFIXED_LEN as u64) as usize;
+    match file.read_exact_at(&mut head[..n], off) {
+        Ok(()) => frame_head(&head[..n], off, end),
+        Err(_) => frame_at(data, off),
+    }
+}
+
+#[cfg(not(unix))]
+fn frame_read(_file: &File, data: &[u8], off: u64) -> Frame {
+    frame_at(data, off)
+}
+
+/// The frame at `off` from its first bytes, `head` (up to [`MIN_PREFIXED_LEN`] of them).
+fn frame_head(head: &[u8], off: u64, end: u64) -> Frame {
     if off.checked_add(4).is_none_or(|e| e > end) {
         return Frame::End;
     }
-    let at = off as usize;
-    let size = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as u64;
+    let size = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
     if size == 0 {
         return Frame::Zero;
     }
@@ -954,8 +1013,7 @@ fn frame_at(data: &[u8], off: u64) -> Frame {
     if off + claims > end {
         return Frame::Cut { claims };
     }
-    if claims < MIN_PREFIXED_LEN as u64 || &data[at + 8..at + 12] != fb::CHUNK_IDENTIFIER.as_bytes()
-    {
+    if claims < MIN_PREFIXED_LEN as u64 || &head[8..12] != fb::CHUNK_IDENTIFIER.as_bytes() {
         return Frame::NotAChunk { claims };
     }
     Frame::Chunk(claims as u32)
@@ -983,16 +1041,16 @@ fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
 }
 
 /// The file mapped read-only.
-fn map_file(path: &Path) -> Result<(PathBuf, Mmap), ReadError> {
+fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
     let io = |source| ReadError::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = File::open(path).map_err(io)?;
     // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
     // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok((path.to_path_buf(), map))
+    Ok((path.to_path_buf(), file, map))
 }
 
 /// Whether a chunk's checksum holds (by the rule of the file's format minor version).

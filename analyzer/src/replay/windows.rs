@@ -132,12 +132,32 @@ fn cuts(trace: &Trace, threads: &[&[&ChunkInfo]], window_events: u64) -> Vec<Cut
 
 /// A cut at `ticks` or, where threads' first events after it tie, a little later.
 fn place(trace: &Trace, threads: &[&[&ChunkInfo]], ticks: u64, owner: usize) -> Option<Cut> {
+    let mut touched = (u64::MAX, 0u64);
+    let cut = place_at(trace, threads, ticks, owner, &mut touched);
+    // Cuts are placed before any window runs: what a read mapped (a fault can map a whole
+    // huge page of the file) goes back now, or every cut would keep its share. Once per cut:
+    // each release costs the other cores a TLB flush.
+    if touched.0 < touched.1 {
+        let huge = 2 << 20;
+        trace.release_span(touched.0 / huge * huge, touched.1.div_ceil(huge) * huge);
+    }
+    cut
+}
+
+/// [`place`], widening `touched` to the bytes of every chunk it read.
+fn place_at(
+    trace: &Trace,
+    threads: &[&[&ChunkInfo]],
+    ticks: u64,
+    owner: usize,
+    touched: &mut (u64, u64),
+) -> Option<Cut> {
     let mut ticks = ticks;
     for _ in 0..TIE_TRIES {
         let mut at = Vec::with_capacity(threads.len());
         let mut heads = Vec::with_capacity(threads.len());
         for chunks in threads {
-            let (cursor, head) = seek(trace, chunks, ticks)?;
+            let (cursor, head) = seek(trace, chunks, ticks, touched)?;
             at.push(cursor);
             heads.push(head);
         }
@@ -154,8 +174,13 @@ fn place(trace: &Trace, threads: &[&[&ChunkInfo]], ticks: u64, owner: usize) -> 
 
 /// A thread's first memory event at or after `ticks`: where it is and its ticks (none: the
 /// end). Chunks start at the ticks of their first event, so it lies in the last chunk that
-/// starts earlier or in the next one with events.
-fn seek(trace: &Trace, chunks: &[&ChunkInfo], ticks: u64) -> Option<(Cursor, Option<u64>)> {
+/// starts earlier or in the next one with events. `touched` widens to the chunks read.
+fn seek(
+    trace: &Trace,
+    chunks: &[&ChunkInfo],
+    ticks: u64,
+    touched: &mut (u64, u64),
+) -> Option<(Cursor, Option<u64>)> {
     let from = chunks
         .partition_point(|c| c.base_ticks < ticks)
         .saturating_sub(1);
@@ -173,11 +198,8 @@ fn seek(trace: &Trace, chunks: &[&ChunkInfo], ticks: u64) -> Option<(Cursor, Opt
                 break;
             }
         }
-        // Cuts are placed before any window runs: what a read mapped (a fault can map a
-        // whole huge page of the file) goes back now, or every cut would keep its share.
-        let huge = 2 << 20;
-        let end = c.offset + c.len as u64;
-        trace.release_span(c.offset / huge * huge, end.div_ceil(huge) * huge);
+        touched.0 = touched.0.min(c.offset);
+        touched.1 = touched.1.max(c.offset + c.len as u64);
         if found.is_some() {
             return found;
         }
@@ -263,9 +285,7 @@ impl<'t> Window<'_, 't> {
         for (chunks, (from, to)) in self.threads.iter().zip(ranges) {
             done.extend(chunks.get(from..to).unwrap_or_default());
         }
-        for run in trace.windows(done.into_iter()) {
-            trace.release_window(&run);
-        }
+        trace.release_chunks(done.into_iter());
         fold
     }
 }
