@@ -4,8 +4,10 @@
 //! where a thread goes back in time (the windows must notice and the replay fall back).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use poolsight::analyzer::replay::{replay_split, Split};
+use poolsight::analyzer::replay::{progress_total, replay_split, Split};
 use poolsight::analyzer::{ChunkKind, ReplayOptions, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, Handle, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
@@ -251,6 +253,7 @@ fn threads_cut_into_many_windows_replay_the_same() {
         .count();
     assert!(mem_chunks > 100, "only {mem_chunks} memory chunks");
     assert_same(&path, &[1, 50, 333, 5000, 1 << 18], true);
+    assert_progress_ends_at_total(&path);
 }
 
 #[test]
@@ -276,6 +279,27 @@ fn a_thread_going_back_in_time_falls_back_to_the_one_merge() {
     let back = tmp("back.pstrace");
     rewrite(&path, &back, |t| t, true);
     assert_same(&back, &[1, 50, 5000, 1 << 18], false);
+    // Though the windows were tried first.
+    assert_progress_ends_at_total(&back);
+}
+
+/// The progress a bar shows ends at its total, with and without the walk to the peak.
+fn assert_progress_ends_at_total(path: &Path) {
+    let trace = Trace::open(path).unwrap();
+    for live_at_peak in [false, true] {
+        let progress = Arc::new(AtomicU64::new(0));
+        let opts = ReplayOptions {
+            live_at_peak,
+            progress: Some(Arc::clone(&progress)),
+            ..ReplayOptions::default()
+        };
+        replay_split(&trace, 0, &opts, Split::Windows(50)).unwrap();
+        assert_eq!(
+            progress.load(Ordering::Relaxed),
+            progress_total(&trace, &opts),
+            "live_at_peak {live_at_peak}"
+        );
+    }
 }
 
 #[test]

@@ -34,7 +34,7 @@ mod stacks;
 mod windows;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::reader::{ChunkKind, Trace};
@@ -60,13 +60,22 @@ pub struct ReplayOptions {
 /// What [`ReplayOptions::progress`] counts up to for a trace.
 pub fn progress_total(trace: &Trace, opts: &ReplayOptions) -> u64 {
     let bytes: u64 = trace.chunks.iter().map(|c| c.len as u64).sum();
-    let mem: u64 = trace
+    bytes
+        + if opts.live_at_peak {
+            mem_bytes(trace)
+        } else {
+            0
+        }
+}
+
+/// Bytes of a trace's memory chunks: what the walk to the peak counts.
+fn mem_bytes(trace: &Trace) -> u64 {
+    trace
         .chunks
         .iter()
         .filter(|c| c.kind == ChunkKind::Mem)
         .map(|c| c.len as u64)
-        .sum();
-    bytes + if opts.live_at_peak { mem } else { 0 }
+        .sum()
 }
 
 impl Default for ReplayOptions {
@@ -106,10 +115,18 @@ pub fn replay_split(
     opts: &ReplayOptions,
     split: Split,
 ) -> Option<Profile> {
+    let counted = opts.progress.as_deref().map(|p| p.load(Ordering::Relaxed));
     let (stacks, timeline) = match passes(trace, opts, split) {
         Some(done) => done,
         None if matches!(split, Split::WindowsOnly(_)) => return None,
-        None => one_merge(trace, opts),
+        None => {
+            // The one merge counts every chunk again: the bar goes back to where the windows
+            // started rather than past its total.
+            if let (Some(p), Some(before)) = (opts.progress.as_deref(), counted) {
+                p.store(before, Ordering::Relaxed);
+            }
+            one_merge(trace, opts)
+        }
     };
     Some(assemble(trace, index, opts, stacks, timeline))
 }
@@ -151,9 +168,11 @@ fn assemble(
     stacks: stacks::PerStack,
     timeline: ordered::Timeline,
 ) -> Profile {
+    let progress = opts.progress.as_deref();
+    let before = progress.map(|p| p.load(Ordering::Relaxed));
     let live: HashMap<u32, u64> = match timeline.peak_ordinal {
         Some(peak) if opts.live_at_peak => {
-            ordered::in_time_order(trace, 0, vec![peak], usize::MAX, opts.progress.as_deref())
+            ordered::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
                 .snapshots
                 .pop()
                 .map(|s| s.stacks.into_iter().collect())
@@ -161,6 +180,12 @@ fn assemble(
         }
         _ => HashMap::new(),
     };
+    // The walk to the peak stops there (or never runs): what it left unread still counts, so
+    // that the progress ends at its total.
+    if let (Some(p), Some(before), true) = (progress, before, opts.live_at_peak) {
+        let walked = p.load(Ordering::Relaxed).saturating_sub(before);
+        p.fetch_add(mem_bytes(trace).saturating_sub(walked), Ordering::Relaxed);
+    }
     let (events, last_ticks) = (stacks.events, stacks.last_ticks);
     let tree = stacks::build_tree(trace, index, &stacks.into_map(), &live);
     let end_ticks = trace
