@@ -540,6 +540,38 @@ fn no_hooks_means_none() {
     assert!(hooks::current().is_none());
 }
 
+/// A thread remembers "no hooks at this generation" after one operation; a registration of
+/// either kind still reaches its next operation, and an unregistration leaves it with none.
+#[test]
+fn a_thread_that_saw_no_hooks_sees_later_registrations() {
+    let _lock = global_lock();
+    std::thread::spawn(|| {
+        assert!(hooks::current().is_none());
+        assert!(hooks::current().is_none(), "from the cached answer");
+        let local = hooks::register(Recorder::new("local"));
+        assert_eq!(hooks::current().map(|s| s.len()), Some(1));
+        drop(local);
+        assert!(hooks::current().is_none());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // Registered on another thread, as a global hook usually is.
+        let other = std::thread::spawn(move || {
+            let g = hooks::register_global(Recorder::new("global"));
+            tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+            drop(g);
+        });
+        rx.recv().unwrap();
+        assert_eq!(hooks::current().map(|s| s.len()), Some(1));
+        done_tx.send(()).unwrap();
+        other.join().unwrap();
+        assert!(hooks::current().is_none());
+        assert!(hooks::current().is_none(), "from the cached answer");
+    })
+    .join()
+    .unwrap();
+}
+
 #[test]
 fn several_hooks_in_registration_order_and_guard_drop() {
     let pool = host_pool(0, 1 << 20);

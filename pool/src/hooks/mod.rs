@@ -21,10 +21,10 @@
 //!
 //! # Cost
 //!
-//! With no hook registered, the pool pays two thread-local reads and one relaxed atomic load
-//! per operation ([`current`] returns `None`): no lock, no allocation. With hooks, it takes a
-//! snapshot once per operation (one thread-local read, one atomic load and a non-atomic
-//! reference-count increment on a per-thread list, rebuilt only after a registration changed)
+//! With no hook registered, the pool pays one thread-local read and one atomic load per
+//! operation ([`current`] returns `None`): no lock, no allocation. With hooks, it takes a
+//! snapshot once per operation (the same two reads and a non-atomic reference-count increment
+//! on a per-thread list, rebuilt only after a registration changed)
 //! and calls the hooks with no pool lock held, so a hook may allocate from the pool or
 //! (un)register hooks without deadlocking; such changes take effect from the next operation.
 //! When no hook wants the pre callbacks ([`MemoryHook::wants_pre`]) they are skipped.
@@ -259,16 +259,26 @@ thread_local! {
     static LOCAL: RefCell<LocalRegistry> = const {
         RefCell::new(LocalRegistry { entries: Vec::new(), version: 0, cache: None })
     };
-    /// `LOCAL`'s cached list while it is current and not empty, with the global generation it
-    /// was built at: what [`current`] reads on every pool operation. No destructor and a
-    /// constant initializer, so reading it is one load, where `LOCAL` costs a liveness check
-    /// and a borrow. The pointer is the cache's own `Rc`, which keeps the list alive; it is
-    /// cleared whenever that cache stops being current (a local (un)registration) or goes.
+    /// `LOCAL`'s cached list while it is current, with the global generation it was built at
+    /// (a null pointer: no hook at that generation): what [`current`] reads on every pool
+    /// operation. No destructor and a constant initializer, so reading it is one load, where
+    /// `LOCAL` costs a liveness check and a borrow. The pointer is the cache's own `Rc`, which
+    /// keeps the list alive; it is cleared whenever that cache stops being current (a local
+    /// (un)registration) or goes.
     static FAST: Cell<Option<(u64, FastList)>> = const { Cell::new(None) };
 }
 
-/// The set behind a [`HookList`], as [`FAST`] keeps it.
+/// The set behind a [`HookList`], as [`FAST`] keeps it (null for none).
 type FastList = *const HookSet;
+
+/// What [`FAST`] keeps of a list: its pointer, or null for an empty one.
+fn fast_ptr(list: &HookList) -> FastList {
+    if list.hooks.is_empty() {
+        std::ptr::null()
+    } else {
+        Rc::as_ptr(list)
+    }
+}
 
 fn forget_fast() {
     FAST.set(None);
@@ -301,8 +311,7 @@ pub fn register_global(hook: Arc<dyn MemoryHook>) -> GlobalHookGuard {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());
     g.entries.push((id, hook));
-    GLOBAL_GEN.fetch_add(1, Ordering::Release);
-    GLOBAL_COUNT.store(g.entries.len(), Ordering::Release);
+    publish_global(&g);
     GlobalHookGuard { id }
 }
 
@@ -340,9 +349,15 @@ impl Drop for GlobalHookGuard {
     fn drop(&mut self) {
         let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());
         g.entries.retain(|(i, _)| *i != self.id);
-        GLOBAL_GEN.fetch_add(1, Ordering::Release);
-        GLOBAL_COUNT.store(g.entries.len(), Ordering::Release);
+        publish_global(&g);
     }
+}
+
+/// After a global (un)registration, under the registry's write lock: the count first, then
+/// the generation bump, so that a thread that sees the new generation sees the new count.
+fn publish_global(g: &GlobalRegistry) {
+    GLOBAL_COUNT.store(g.entries.len(), Ordering::Relaxed);
+    GLOBAL_GEN.fetch_add(1, Ordering::Release);
 }
 
 /// The hooks in force for one operation: the calling thread's, then the global ones.
@@ -408,6 +423,9 @@ pub fn current() -> Option<HookSnapshot> {
         // generation holds every global hook registered before it. Every global
         // (un)registration bumps it, so a list of local hooks only is stamped with it too.
         if gen == GLOBAL_GEN.load(Ordering::Acquire) {
+            if list.is_null() {
+                return None;
+            }
             // SAFETY: `list` is the pointer of the `Rc` in this thread's `LOCAL` cache, which
             // is alive: `FAST` is cleared before that cache changes or is dropped. Taking one
             // more strong count and making an `Rc` of it is what `Rc::clone` does.
@@ -417,9 +435,6 @@ pub fn current() -> Option<HookSnapshot> {
             };
             return Some(HookSnapshot { list });
         }
-    }
-    if !has_hooks() {
-        return None;
     }
     snapshot_slow()
 }
@@ -433,6 +448,11 @@ fn snapshot_slow() -> Option<HookSnapshot> {
     // what the lock shows, or bumps the generation after this load (and the list is rebuilt
     // at the next operation).
     let gen = GLOBAL_GEN.load(Ordering::Acquire);
+    // The count after the generation (see `publish_global`): none now means none at `gen`.
+    if !has_hooks() {
+        FAST.set(Some((gen, std::ptr::null())));
+        return None;
+    }
     let globals = |v: &mut Vec<Arc<dyn MemoryHook>>| {
         let g = GLOBAL.read().unwrap_or_else(|e| e.into_inner());
         v.extend(g.entries.iter().map(|(_, h)| Arc::clone(h)));
@@ -441,7 +461,7 @@ fn snapshot_slow() -> Option<HookSnapshot> {
         let mut l = l.try_borrow_mut().ok()?;
         if let Some(c) = &l.cache {
             if c.local_version == l.version && c.global_gen == gen {
-                FAST.set((!c.list.hooks.is_empty()).then_some((gen, Rc::as_ptr(&c.list))));
+                FAST.set(Some((gen, fast_ptr(&c.list))));
                 return Some(Rc::clone(&c.list));
             }
         }
@@ -454,7 +474,7 @@ fn snapshot_slow() -> Option<HookSnapshot> {
             global_gen: gen,
             list: Rc::clone(&list),
         });
-        FAST.set((!list.hooks.is_empty()).then_some((gen, Rc::as_ptr(&list))));
+        FAST.set(Some((gen, fast_ptr(&list))));
         Some(list)
     });
     let list = match cached {
