@@ -156,12 +156,15 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
             at += bytes.len() as u64;
             summary.chunks_out += 1;
         }
-        for g in batch {
-            match g {
-                Group::Copy(c) => trace.release_pages(c),
-                Group::Events(cs) => cs.iter().for_each(|c| trace.release_pages(c)),
-            }
-        }
+        trace.release_chunks(
+            batch
+                .iter()
+                .flat_map(|g| match g {
+                    Group::Copy(c) => std::slice::from_ref(c),
+                    Group::Events(cs) => cs.as_slice(),
+                })
+                .copied(),
+        );
     }
     let mut file = w.into_inner().map_err(|e| io(e.into_error()))?;
     {

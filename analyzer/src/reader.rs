@@ -837,12 +837,17 @@ fn walk(
     let data: &[u8] = map;
     let end = data.len() as u64;
     let mut spans = Vec::new();
-    let mut off = match frame_at(data, data_offset) {
+    // Size prefixes are read with `pread` and map nothing; what reads through the mapping (ring
+    // slots, the searches past a damaged or empty stretch) sets `mapped`, and the pages it
+    // passed go back a window at a time.
+    let mut mapped = false;
+    let mut off = match frame_read(file, data, data_offset) {
         Frame::Chunk(len) => {
             spans.push((data_offset, len));
             align8(data_offset + len as u64)
         }
         other => {
+            mapped = true;
             let next = resync(data, data_offset + 8);
             warnings.push(Warning {
                 offset: data_offset,
@@ -870,6 +875,7 @@ fn walk(
             });
         }
         let slots = (slots as u64).min(fit);
+        mapped = true;
         for i in 0..slots {
             let at = off + i * slot_len;
             match frame_at(data, at) {
@@ -890,11 +896,9 @@ fn walk(
         }
         off += slots * slot_len;
     }
-    // Reading one size prefix per chunk maps the pages around it too (the kernel's fault-around),
-    // so the walk gives back what it passed every window.
     let mut released = data_offset;
     while off < end {
-        if off - released >= WINDOW {
+        if mapped && off - released >= WINDOW {
             release(map, released, off);
             released = off;
         }
@@ -905,6 +909,7 @@ fn walk(
             }
             Frame::End => break,
             Frame::Zero => {
+                mapped = true;
                 // A chunk never starts with a zero size, so the search starts one word on.
                 let Some(next) = next_nonzero_word(data, off + 8) else {
                     break;
@@ -920,6 +925,7 @@ fn walk(
                 off = next;
             }
             other => {
+                mapped = true;
                 let next = resync(data, off + 8);
                 let tail = if next < end {
                     format!("reading resumes at the next chunk, at offset {next}")
@@ -935,7 +941,9 @@ fn walk(
             }
         }
     }
-    release(map, released, end);
+    if mapped {
+        release(map, released, end);
+    }
     spans
 }
 
