@@ -115,18 +115,18 @@ pub fn replay_split(
     opts: &ReplayOptions,
     split: Split,
 ) -> Option<Profile> {
-    let counted = opts.progress.as_deref().map(|p| p.load(Ordering::Relaxed));
     let (stacks, timeline) = match passes(trace, opts, split) {
         Some(done) => done,
         None if matches!(split, Split::WindowsOnly(_)) => return None,
-        None => {
-            // The one merge counts every chunk again: the bar goes back to where the windows
-            // started rather than past its total.
-            if let (Some(p), Some(before)) = (opts.progress.as_deref(), counted) {
-                p.store(before, Ordering::Relaxed);
-            }
-            one_merge(trace, opts)
-        }
+        // The windows counted every chunk already; counting them again would take the bar
+        // past its total.
+        None => one_merge(
+            trace,
+            &ReplayOptions {
+                progress: None,
+                ..opts.clone()
+            },
+        ),
     };
     Some(assemble(trace, index, opts, stacks, timeline))
 }
@@ -188,9 +188,7 @@ fn assemble(
     }
     let (events, last_ticks) = (stacks.events, stacks.last_ticks);
     let tree = stacks::build_tree(trace, index, &stacks.into_map(), &live);
-    let end_ticks = trace
-        .footer
-        .map_or(timeline.last_ticks.max(last_ticks), |f| f.end_ticks);
+    let end_ticks = trace.footer.map_or(last_ticks, |f| f.end_ticks);
     let source = Source {
         path: trace.path.display().to_string(),
         rank: trace.header.rank,

@@ -25,7 +25,6 @@ pub(super) struct Timeline {
     /// Ordinal (in merge order) of the memory event that reached the used peak.
     pub(super) peak_ordinal: Option<u64>,
     ordinal: u64,
-    pub(super) last_ticks: u64,
     mallocs: u64,
     frees: u64,
     allocs: u64,
@@ -87,7 +86,6 @@ impl Timeline {
             peak_acquired_ticks: 0,
             peak_ordinal: None,
             ordinal: 0,
-            last_ticks: 0,
             mallocs: 0,
             frees: 0,
             allocs: 0,
@@ -107,7 +105,6 @@ impl Timeline {
 
     #[inline]
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units, track: bool) {
-        self.last_ticks = ticks;
         match e.kind() {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let size = units.mem_size(e.device(), e.bytes());
@@ -809,7 +806,6 @@ pub(super) struct WindowFold {
     peak_used: (i64, u64, u64),
     peak_acquired: (i64, u64),
     ordinal: u64,
-    last_ticks: Option<u64>,
     mallocs: u64,
     frees: u64,
     allocs: u64,
@@ -878,7 +874,6 @@ impl WindowFold {
             peak_used: (i64::MIN, 0, 0),
             peak_acquired: (i64::MIN, 0),
             ordinal: 0,
-            last_ticks: None,
             mallocs: 0,
             frees: 0,
             allocs: 0,
@@ -912,7 +907,6 @@ impl WindowFold {
     /// merge counts in without saturating make the window `bad`.
     #[inline]
     pub(super) fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units) {
-        self.last_ticks = Some(ticks);
         if ticks >= self.edge {
             self.open_bucket(ticks);
         }
@@ -1100,9 +1094,6 @@ impl Timeline {
             tl.used = used(w.used)?;
             tl.acquired = acquired(w.acquired)?;
             tl.ordinal += w.ordinal;
-            if let Some(t) = w.last_ticks {
-                tl.last_ticks = t;
-            }
             tl.mallocs += w.mallocs;
             tl.frees += w.frees;
             tl.allocs += w.allocs;
