@@ -127,15 +127,16 @@ struct Side {
 
 fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
-    let replay = ReplayOptions {
-        live_at_peak,
-        ..ReplayOptions::default()
-    };
     let mut first = None;
     let mut figures = Vec::new();
     let mut sources = Vec::new();
     for (i, path) in paths.iter().enumerate() {
-        let loaded = crate::term::load_traces(std::slice::from_ref(path), replay.clone())?;
+        // Only the first run's profile is drawn; the figures never need the walk to the peak.
+        let replay = ReplayOptions {
+            live_at_peak: live_at_peak && i == 0 && keep_first,
+            ..ReplayOptions::default()
+        };
+        let loaded = crate::term::load_traces(std::slice::from_ref(path), replay)?;
         let (Some(trace), Some(profile)) = (
             loaded.traces.into_iter().next(),
             loaded.profiles.into_iter().next(),

@@ -127,13 +127,10 @@ fn work(h: &Handle, t: u64, steps: u64) {
         .collect();
     let mem = |kind, ptr, bytes, stack| {
         h.record_mem(MemRecord {
-            kind,
-            device: 0,
-            stream: t as u16,
             ptr,
             bytes,
             stack,
-            pmem: 0,
+            ..MemRecord::new(kind, 0, t as u32)
         })
     };
     let mut live = Vec::new();
@@ -366,13 +363,9 @@ fn bytes_below_zero_replay_the_same_in_windows() {
     let h = rec.handle();
     let mem = |kind, ptr, bytes| {
         h.record_mem(MemRecord {
-            kind,
-            device: 0,
-            stream: 0,
             ptr,
             bytes,
-            stack: 0,
-            pmem: 0,
+            ..MemRecord::new(kind, 0, 0)
         })
     };
     for i in 0..400u64 {
