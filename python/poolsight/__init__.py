@@ -148,7 +148,6 @@ class Recording:
         self.stacks = stacks
         self.max_depth = max_depth
         self._cpu = cpu
-        self._epoch_cpu: dict[int, int] = {}
 
     # -- scopes -------------------------------------------------------------------------------
 
@@ -344,12 +343,17 @@ def _pack_target(trace: str, pack: Any) -> str | None:
     raise TypeError(f"pack is a path, True or False, not {type(pack).__name__}")
 
 
-def pack(trace: str | os.PathLike[str], output: str | os.PathLike[str], level: int = 3) -> dict:
-    """Writes a packed copy of the trace file ``trace`` to ``output`` (``poolsight pack``):
-    event chunks encoded as columns and zstd-compressed, typically 5-10x smaller; every
+def pack(
+    trace: str | os.PathLike[str], output: str | os.PathLike[str], level: int | None = None
+) -> dict:
+    """Writes a packed copy of the trace file ``trace`` to ``output`` (``poolsight pack``, at
+    its zstd level unless ``level`` says otherwise, 1..22): event chunks encoded as columns
+    and zstd-compressed, typically 5-10x smaller; every
     ``poolsight`` command reads it as it reads the original. Returns events, bytes_in,
     bytes_out and the reader's warnings (chunks of a damaged input that were left out).
     Raises :class:`PoolsightError` for a file that cannot be read or written."""
+    if level is not None:
+        _check_level(level)
     return _native.pack(trace, output, level)
 
 

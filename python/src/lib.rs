@@ -134,7 +134,7 @@ impl Recorder {
 
     /// Seals the file; returns {events, chunks, dropped_events, file_bytes}. With ``pack``, then
     /// writes a packed copy there (zstd ``level``), as ``FinishPacked::finish_packed`` does, and
-    /// adds ``packed_path`` and ``packed_bytes``.
+    /// adds ``packed_path``, ``packed_bytes`` and ``packed_warnings`` (the reader's).
     #[pyo3(signature = (pack=None, level=3))]
     fn finish<'py>(
         &self,
@@ -142,6 +142,7 @@ impl Recorder {
         pack: Option<std::path::PathBuf>,
         level: i32,
     ) -> PyResult<Bound<'py, PyDict>> {
+        let level = Some(level);
         let opts = pack_options(level)?;
         let s = py.detach(|| self.session.finish()).map_err(err)?;
         let d = PyDict::new(py);
@@ -156,6 +157,7 @@ impl Recorder {
                 .map_err(|e| PoolsightError::new_err(e.to_string()))?;
             d.set_item("packed_path", out.to_string_lossy())?;
             d.set_item("packed_bytes", done.packed.bytes_out)?;
+            d.set_item("packed_warnings", warning_texts(&done.warnings))?;
         }
         Ok(d)
     }
@@ -544,27 +546,32 @@ fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
     }
 }
 
-fn pack_options(level: i32) -> PyResult<poolsight::analyzer::pack::PackOptions> {
+/// The packer's options at zstd `level` (`None`: the `poolsight pack` default).
+fn pack_options(level: Option<i32>) -> PyResult<poolsight::analyzer::pack::PackOptions> {
+    let defaults = poolsight::analyzer::pack::PackOptions::default();
+    let level = level.unwrap_or(defaults.level);
     if !(1..=22).contains(&level) {
         return Err(PyValueError::new_err(format!(
             "a zstd level is an int in 1..22, not {level}"
         )));
     }
-    Ok(poolsight::analyzer::pack::PackOptions {
-        level,
-        ..Default::default()
-    })
+    Ok(poolsight::analyzer::pack::PackOptions { level, ..defaults })
+}
+
+fn warning_texts(warnings: &[poolsight::analyzer::Warning]) -> Vec<String> {
+    warnings.iter().map(|w| w.to_string()).collect()
 }
 
 /// Packs the finished trace ``trace`` into ``output`` (what ``poolsight pack`` does); returns
 /// {events, bytes_in, bytes_out, warnings}. The reader's warnings name chunks left out.
+/// ``level`` defaults to the one ``poolsight pack`` uses.
 #[pyfunction]
-#[pyo3(signature = (trace, output, level=3))]
+#[pyo3(signature = (trace, output, level=None))]
 fn pack<'py>(
     py: Python<'py>,
     trace: std::path::PathBuf,
     output: std::path::PathBuf,
-    level: i32,
+    level: Option<i32>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = pack_options(level)?;
     let (s, warnings) = py
@@ -574,8 +581,7 @@ fn pack<'py>(
     d.set_item("events", s.events)?;
     d.set_item("bytes_in", s.bytes_in)?;
     d.set_item("bytes_out", s.bytes_out)?;
-    let warnings: Vec<String> = warnings.iter().map(|w| w.to_string()).collect();
-    d.set_item("warnings", warnings)?;
+    d.set_item("warnings", warning_texts(&warnings))?;
     Ok(d)
 }
 

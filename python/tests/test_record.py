@@ -302,6 +302,7 @@ def test_finish_pack_argument_and_the_result(trace, tmp_path):
     result = rec.finish(pack=out)
     assert result["packed_path"] == str(out)
     assert result["packed_bytes"] == out.stat().st_size
+    assert result["packed_warnings"] == []
     assert result["file_bytes"] == trace.stat().st_size
     # pack=False at finish overrides record's pack.
     other = tmp_path / "b.pstrace"
@@ -326,8 +327,14 @@ def test_pack_function_and_its_bad_arguments(trace, tmp_path):
     s = poolsight.pack(trace, out, level=19)
     assert s["events"] > 0 and s["bytes_out"] == out.stat().st_size
     assert s["bytes_in"] == trace.stat().st_size and s["warnings"] == []
-    with pytest.raises(ValueError, match="zstd level"):
-        poolsight.pack(trace, out, level=23)
+    # Without a level, the CLI's: the same bytes as `poolsight pack`.
+    mine, cli = tmp_path / "mine.pstrace", tmp_path / "cli.pstrace"
+    poolsight.pack(trace, mine)
+    run_cli("pack", trace, "-o", cli)
+    assert mine.read_bytes() == cli.read_bytes()
+    for bad in (23, True):
+        with pytest.raises(ValueError, match="zstd level"):
+            poolsight.pack(trace, out, level=bad)
     with pytest.raises(TypeError, match="'output'"):
         poolsight.pack(trace, 3)
     with pytest.raises(TypeError, match="pack is a path"):
