@@ -1,16 +1,15 @@
 //! Every analysis command on bad or unusual input: a clear one-line error and exit 2, or a
 //! result (with warnings for damaged parts) and exit 0 — never a panic, never another code.
 
+mod scratch;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use poolsight::recorder::{Recorder, RecorderConfig};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bad-input-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir.join(name)
+fn scratch(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 fn fixture(name: &str) -> PathBuf {

@@ -1,7 +1,9 @@
 //! The README's CI recipe, `scripts/ci-gate.sh`, run as a CI job would run it: a git repository
 //! whose "training" (the demo, sized by a file in the repository) grows on the change.
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 fn git(repo: &Path, args: &[&str]) {
@@ -19,9 +21,8 @@ fn git(repo: &Path, args: &[&str]) {
 }
 
 /// A repository with two commits: `base` trains a 32-wide hidden layer, `change` a 256-wide one.
-fn repo(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+fn repo(name: &str) -> scratch::Scratch {
+    let dir = scratch::file(name);
     std::fs::create_dir_all(&dir).expect("mkdir");
     git(&dir, &["init", "--quiet"]);
     std::fs::write(dir.join("width"), "32\n").expect("write");

@@ -2,7 +2,9 @@
 //! headers crafted to make a careless reader loop, overflow or allocate. Every case finishes
 //! fast, and every change to what a trace says is caught (an error or a warning) or harmless.
 
-use std::path::PathBuf;
+mod scratch;
+
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use poolsight::analyzer::pack::{pack, PackOptions};
@@ -14,15 +16,13 @@ use poolsight::schema::fb;
 use poolsight::schema::flatbuffers::FlatBufferBuilder;
 use poolsight::schema::{header_crc, header_region, Prelude, HEADER_CRC_LEN, PRELUDE_LEN};
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("poolsight-crafted-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+fn tmp(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 /// A few KB: one chunk of each kind (memory, scope, mark, definitions), the event chunks nearly
 /// full, and the footer.
-fn small_trace(path: &PathBuf) -> Vec<u8> {
+fn small_trace(path: &Path) -> Vec<u8> {
     let rec = Recorder::create(
         path,
         RecorderConfig {
@@ -126,7 +126,7 @@ fn every_cut_of_a_packed_trace_reads_without_a_panic() {
 
 /// Flips one bit of every byte of the trace `bytes` (read from `base_path`): each flip is
 /// refused, warned about, or lands in a byte no reader uses.
-fn flip_every_byte(base_path: &PathBuf, bytes: &[u8], scratch: &str) {
+fn flip_every_byte(base_path: &Path, bytes: &[u8], scratch: &str) {
     let base = Trace::open(base_path).unwrap();
     assert!(base.warnings.is_empty(), "{:?}", base.warnings);
     assert!(base.footer.is_some());
@@ -196,7 +196,7 @@ fn flip_every_byte(base_path: &PathBuf, bytes: &[u8], scratch: &str) {
 
 /// What `poolsight report` loads (checksums checked as the replay reads each chunk, the file
 /// opened again if one fails) is what opening with every checksum checked first gives.
-fn assert_deferred_checks_agree(path: &PathBuf, at: usize, bit: usize) {
+fn assert_deferred_checks_agree(path: &Path, at: usize, bit: usize) {
     let eager = load::open_all(&[path]).map(|o| {
         let profile = replay(&o.traces[0], 0, &Default::default());
         let warnings: Vec<String> = o.warnings.iter().map(|w| w.warning.to_string()).collect();

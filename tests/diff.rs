@@ -3,7 +3,9 @@
 //! pass, a bigger layer fails with the rows that grew, renamed functions show as added and
 //! removed, and bad rules are refused with exit 2.
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
@@ -12,10 +14,9 @@ use poolsight::pool::{MemoryPool, TraceHook};
 use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 use serde_json::Value;
 
-fn dir() -> PathBuf {
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("diff-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temp dir");
-    d
+/// This process's scratch directory, removed when the tests end.
+fn dir() -> &'static Path {
+    scratch::process_dir()
 }
 
 struct Outcome {

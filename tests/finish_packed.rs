@@ -2,17 +2,18 @@
 //! to the live file's figures, the live file is kept whole, and a copy that cannot be written
 //! is an error naming the live file, which still reads in full.
 
-use std::path::PathBuf;
+mod scratch;
+
+use std::path::{Path, PathBuf};
 
 use poolsight::analyzer::pack::{PackError, PackOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::{MemKind, MemRecord, Phase, Recorder, RecorderConfig};
 use poolsight::{FinishError, FinishPacked};
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("poolsight-finish-packed-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// This process's scratch directory, removed when the tests end.
+fn dir() -> &'static Path {
+    scratch::process_dir()
 }
 
 /// A few training steps on two threads: scopes, malloc/free pairs, epochs.

@@ -1,5 +1,7 @@
 //! The trace format end to end: record with the writer, read with the analyzer's reader.
 
+mod scratch;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -10,10 +12,8 @@ use poolsight::recorder::{
 };
 use poolsight::schema::fb;
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("poolsight-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+fn tmp(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 fn small_config() -> RecorderConfig {

@@ -1,7 +1,8 @@
 //! The CI gate: `diff` refuses partial runs (exit 2, one line) unless `--allow-incomplete`;
 //! merging refuses the same trace or rank twice; usage errors are one line with exit 2.
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
 use std::process::{Command, Output};
 
 fn poolsight(args: &[&str]) -> Output {
@@ -12,10 +13,8 @@ fn poolsight(args: &[&str]) -> Output {
         .expect("run poolsight")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    dir.join(name)
+fn scratch(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 const GOOD: &str = "fixtures/traces/seed_fidelity.pstrace";
@@ -121,7 +120,7 @@ fn usage_errors_are_one_line_and_list_valid_values() {
 fn several_runs_of_rank_0_compare_per_run() {
     use poolsight::recorder::{MemKind, MemRecord, Recorder, RecorderConfig};
     let run = |name: &str, bytes: u64| {
-        let path = scratch(name);
+        let path = scratch::process_file(name);
         let rec = Recorder::create(
             &path,
             RecorderConfig {

@@ -8,6 +8,8 @@
 
 mod scenarios;
 
+mod scratch;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -232,8 +234,7 @@ fn fresh_recordings_give_the_committed_memory_reports() {
     if blessing() {
         return;
     }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("golden-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
+    let dir = scratch::dir();
     let dir_arg = dir.display().to_string();
     for name in scenarios::NAMES {
         scenarios::record(name, &dir);
@@ -247,7 +248,6 @@ fn fresh_recordings_give_the_committed_memory_reports() {
             assert_eq!(poolsight(&args, &fresh), want, "{name} {file}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The same trace gives the same bytes whatever the parallelism: replay merges per-chunk
@@ -260,8 +260,7 @@ fn output_does_not_depend_on_the_number_of_threads() {
     use poolsight::recorder::{Phase, Recorder, RecorderConfig};
     use std::sync::Arc;
 
-    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("threads-{}.pstrace", std::process::id()));
+    let path = scratch::file("threads.pstrace");
     let rec = Recorder::create(
         &path,
         RecorderConfig {
@@ -363,7 +362,7 @@ fn older_format_versions_stay_readable() {
 /// names, so that the paths in the reports are the same too).
 #[test]
 fn packed_traces_give_the_same_outputs() {
-    let dir = std::env::temp_dir().join(format!("poolsight-golden-packed-{}", std::process::id()));
+    let dir = scratch::dir();
     let (live, packed) = (dir.join("live"), dir.join("packed"));
     for d in [&live, &packed] {
         std::fs::create_dir_all(d).expect("mkdir");
@@ -439,7 +438,6 @@ fn packed_traces_give_the_same_outputs() {
         checked += 1;
     }
     assert!(checked > 50, "{checked} cases");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The committed packed fixture (format 1.2, `poolsight pack` of `chainer_nested`) gives the

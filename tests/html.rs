@@ -3,7 +3,9 @@
 //! that snapshots stay bounded, and that names from user code reach the page only as escaped
 //! data. (tests/browser/ opens the page in Chromium.)
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
 use std::sync::Arc;
 
 use poolsight::analyzer::html::{self, data, Part};
@@ -15,10 +17,8 @@ use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 
 const HOSTILE: &str = "</script><img src=x onerror=alert(1)>";
 
-fn trace_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("poolsight-html-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(format!("{name}.pstrace"))
+fn trace_path(name: &str) -> scratch::Scratch {
+    scratch::file(&format!("{name}.pstrace"))
 }
 
 fn record(path: &Path, body: impl FnOnce(&Handle, &MemoryPool)) {

@@ -4,6 +4,8 @@
 //! directory that is not a dataset, a damaged trace: exit 2, one line, nothing left looking
 //! complete.
 
+mod scratch;
+
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -35,11 +37,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("parquet-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A path that does not exist yet, in a scratch directory removed when the test ends.
+fn scratch(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 /// A file's rows as one batch (the fixtures' tables are small).

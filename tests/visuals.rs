@@ -3,7 +3,9 @@
 //! the peak where the pool peaked), that they are the same bytes every time, and that names
 //! from user code cannot inject markup.
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +20,8 @@ use poolsight::pool::{MemoryPool, TraceHook};
 use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 
 /// A fresh trace path; the process id keeps concurrent `cargo test` runs apart.
-fn trace_path(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("poolsight-visuals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(format!("{name}.pstrace"))
+fn trace_path(name: &str) -> scratch::Scratch {
+    scratch::file(&format!("{name}.pstrace"))
 }
 
 /// Records `body` with a TraceHook on a fresh host pool, then seals the file.

@@ -3,7 +3,9 @@
 //! traces whose threads' timestamps tie everywhere (cuts must move past ties), and on traces
 //! where a thread goes back in time (the windows must notice and the replay fall back).
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -14,10 +16,8 @@ use poolsight::recorder::{
 };
 use poolsight::schema::{chunk_crc, fb, meta_field, meta_offset};
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("poolsight-windows-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+fn tmp(name: &str) -> scratch::Scratch {
+    scratch::file(name)
 }
 
 /// The profile as text: every figure, the call tree, the series and the epochs.

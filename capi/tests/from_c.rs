@@ -22,8 +22,13 @@ fn library_dir() -> Option<PathBuf> {
 #[test]
 fn a_c_program_records_a_trace_the_analyzer_reads() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let exe = tmp.join(format!("smoke-{}", std::process::id()));
+    // Removed with everything in it when the test ends.
+    let scratch = tempfile::Builder::new()
+        .prefix("smoke-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("scratch directory");
+    let tmp = scratch.path();
+    let exe = tmp.join("smoke");
     let Some(lib) = library_dir() else {
         panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
     };
@@ -48,7 +53,7 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
             return;
         }
     }
-    let trace = tmp.join(format!("smoke-{}.pstrace", std::process::id()));
+    let trace = tmp.join("smoke.pstrace");
     let out = Command::new(&exe).arg(&trace).output().expect("run smoke");
     assert!(
         out.status.success(),

@@ -10,10 +10,12 @@ use poolsight::analyzer::reader::DeviceDef;
 use poolsight::analyzer::{ChunkKind, Trace as Verified};
 use poolsight::schema::fb;
 
-/// A fresh path under Cargo's per-test temporary directory.
+#[path = "../scratch/mod.rs"]
+mod scratch;
+
+/// A fresh path in this test process's scratch directory, removed when the process exits.
 pub fn trace_path(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    dir.join(format!("{name}-{}.pstrace", std::process::id()))
+    scratch::process_file(&format!("{name}.pstrace"))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
