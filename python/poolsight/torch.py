@@ -241,10 +241,14 @@ class _Tracker(TorchDispatchMode):
         self._in_optimizer = False
         self._forward_depth = 0
         self._handles: list = []
-        if model is not None:
-            self._watch_model(model)
-        for opt in optimizers:
-            self._watch_optimizer(opt)
+        try:
+            if model is not None:
+                self._watch_model(model)
+            for opt in optimizers:
+                self._watch_optimizer(opt)
+        except BaseException:
+            self.remove()
+            raise
 
     # Devices are numbered in the trace as they are first seen.
     def _device(self, t: torch.Tensor) -> int:
@@ -364,17 +368,31 @@ def track(
     down by module and category. Yields the tracker (``tracker.track_tensor(t, category)``
     records tensors made outside, e.g. a batch loaded before)."""
     rec = _recording(recorder)
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
     optimizers = (
         []
         if optimizer is None
         else (list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer])
     )
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(
+                "optimizer must be a torch.optim.Optimizer, a list of them, or None, "
+                f"not {type(opt).__name__}"
+            )
     key = id(rec._native)
     if key in _trackers:
         raise PoolsightError("track() is already active for this recording")
-    # After the check: a refused call leaves no hooks on the model.
+    # After the checks: a refused call leaves no hooks on the model, and one that fails while
+    # installing them takes back those it installed.
     modules = _ModuleScopes(rec, model) if (scopes and model is not None) else None
-    tracker = _Tracker(rec, model, optimizers)
+    try:
+        tracker = _Tracker(rec, model, optimizers)
+    except BaseException:
+        if modules is not None:
+            modules.remove()
+        raise
     _trackers[key] = tracker
     try:
         with tracker:

@@ -63,6 +63,44 @@ def test_hook_turns_modules_into_links_and_ops_into_functions(trace):
     assert rec.closed
 
 
+def _hook_count(model, opt):
+    """Every hook track() may install: on modules, on parameters, on the optimizer."""
+    n = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    n += sum(len(getattr(p, "_post_accumulate_grad_hooks", None) or {}) for p in model.parameters())
+    return n + len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
+
+
+def test_track_refuses_wrong_arguments_and_leaves_no_hooks(trace):
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with poolsight.record(trace):
+        with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer"):
+            with pst.track(model, [opt, "adam"]):
+                pass
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+            with pst.track(object(), opt):
+                pass
+    assert _hook_count(model, opt) == 0
+
+
+def test_track_that_fails_while_installing_takes_its_hooks_back(trace):
+    class Broken(torch.optim.SGD):
+        def register_step_post_hook(self, hook):
+            raise RuntimeError("no post hooks here")
+
+    model = MLP()
+    opt = Broken(model.parameters(), lr=0.1)
+    with poolsight.record(trace):
+        with pytest.raises(RuntimeError, match="no post hooks here"):
+            with pst.track(model, opt):
+                pass
+        assert _hook_count(model, opt) == 0
+        # And the recording can be tracked again.
+        with pst.track(model, torch.optim.SGD(model.parameters(), lr=0.1)):
+            model(torch.randn(4, 32))
+    assert _hook_count(model, opt) == 0
+
+
 def test_hook_is_removed_after_the_with(trace):
     model = MLP()
     with poolsight.record(trace):
