@@ -538,14 +538,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Info { traces, format } => {
             let mut infos = Vec::new();
             for path in &traces {
-                term::check_trace_path(path)?;
-                let trace = Trace::open(path)?;
-                let mut i = info::info(&trace);
-                let profiles =
-                    term::replay_traces(std::slice::from_ref(&trace), ReplayOptions::default());
-                if let Some(p) = profiles.first() {
-                    info::add_replay(&mut i, p);
-                }
+                // As every report loads a trace: checksums checked as the replay reads each
+                // chunk, the whole file checked first only if one fails. The warnings are the
+                // trace's own, listed by `info`.
+                let loaded =
+                    term::load_unwarned(std::slice::from_ref(path), ReplayOptions::default())?;
+                let (trace, profile) = (&loaded.traces[0], &loaded.profiles[0]);
+                let mut i = info::info(trace);
+                info::add_replay(&mut i, profile);
                 infos.push(i);
             }
             match format {

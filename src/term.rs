@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use poolsight::analyzer::load::{self, LoadWarning, Loaded};
-use poolsight::analyzer::{Profile, ReplayOptions, Trace};
+use poolsight::analyzer::{Profile, ReplayOptions};
 
 pub fn warn(w: &LoadWarning) {
     // One line per warning, whatever a verifier's message holds.
@@ -24,6 +24,13 @@ pub fn warn(w: &LoadWarning) {
 /// Opens and replays the traces ([`load::load`]: each chunk's checksum is checked as the
 /// replay reads it), with a progress bar while replaying, then prints the warnings.
 pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
+    let loaded = load_unwarned(paths, opts)?;
+    loaded.warnings.iter().for_each(warn);
+    Ok(loaded)
+}
+
+/// [`load_traces`] for a caller that shows the warnings itself (`info` lists them).
+pub fn load_unwarned(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
     for p in paths {
         check_trace_path(p)?;
     }
@@ -34,9 +41,7 @@ pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loa
     };
     let loaded = load::load(paths, &opts, |total| bar.begin("replaying", total));
     bar.finish();
-    let loaded = loaded?;
-    loaded.warnings.iter().for_each(warn);
-    Ok(loaded)
+    Ok(loaded?)
 }
 
 /// A directory named where a trace file is expected gets its own message (opening it would
@@ -59,19 +64,7 @@ pub fn load_profiles(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Ve
     Ok(load_traces(paths, opts)?.profiles)
 }
 
-/// [`load::replay_all`] with a progress bar.
-pub fn replay_traces(traces: &[Trace], opts: ReplayOptions) -> Vec<Profile> {
-    let mut bar = ProgressBar::new();
-    let opts = ReplayOptions {
-        progress: Some(Arc::clone(&bar.done)),
-        ..opts
-    };
-    let profiles = load::replay_all(traces, &opts, |total| bar.begin("replaying", total));
-    bar.finish();
-    profiles
-}
-
-/// Runs `work` with a progress bar counting up to `total` (shown as [`replay_traces`] shows
+/// Runs `work` with a progress bar counting up to `total` (shown as [`load_traces`] shows
 /// its own); `work` gets the counter to add to.
 pub fn with_progress<T>(label: &str, total: u64, work: impl FnOnce(Arc<AtomicU64>) -> T) -> T {
     let mut bar = ProgressBar::new();

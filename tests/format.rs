@@ -727,6 +727,47 @@ mod fuzz {
     }
 }
 
+/// `info` checks checksums as its replay reads the chunks; one that fails makes it read the
+/// file again with every checksum checked first, so it lists the corrupted chunk and counts
+/// exactly the events an open that checks everything keeps.
+#[test]
+fn info_names_a_corrupted_chunk_and_counts_what_remains() {
+    let path = tmp("info-corrupt.pstrace");
+    let mut bytes = small_trace(&path);
+    let whole = Trace::open(&path).unwrap();
+    let c = *whole
+        .chunks
+        .iter()
+        .find(|c| c.kind == ChunkKind::Mem && c.sealed)
+        .unwrap();
+    let at = whole.mem_events(&c)[3].0.as_ptr() as usize - whole.bytes().as_ptr() as usize + 16;
+    drop(whole);
+    bytes[at] ^= 0x11;
+    std::fs::write(&path, &bytes).unwrap();
+    let want = info::info(&Trace::open(&path).unwrap());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_poolsight"))
+        .args(["info", "--format", "json"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings = got["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("checksum mismatch")),
+        "{warnings:?}"
+    );
+    assert_eq!(got["total_events"], want.total_events);
+    assert_eq!(got["events"]["malloc_post"], 300 - c.events as u64);
+    assert_eq!(
+        got["events"],
+        serde_json::to_value(&want.events).unwrap(),
+        "the counts an open that checks every checksum gives"
+    );
+}
+
 #[test]
 fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     let bin = env!("CARGO_BIN_EXE_poolsight");

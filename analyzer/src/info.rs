@@ -1,14 +1,15 @@
 //! `poolsight info`: what a trace holds — header, duration, events by kind, threads, devices,
 //! and what was lost (dropped events, torn chunks, a writer that never finished).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
+use poolsight_schema::fb;
 use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
-use crate::reader::{ChunkKind, Trace};
+use crate::reader::{ChunkInfo, ChunkKind, Trace};
 use crate::render::{humanized, seconds_or_ms};
 use crate::replay::{PoolFigures, Profile};
 
@@ -74,19 +75,105 @@ pub fn add_replay(info: &mut Info, profile: &Profile) {
     }
 }
 
-#[derive(Default)]
+/// Events counted by what they are stored as (a memory or mark event's kind byte, a scope
+/// event's stack), named once at the end: naming every event costs more than reading it.
 struct Tally {
-    counts: BTreeMap<&'static str, u64>,
+    mem: [u64; 256],
+    marks: [u64; 256],
+    scopes: HashMap<u32, u64>,
     last_ticks: u64,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
+            mem: [0; 256],
+            marks: [0; 256],
+            scopes: HashMap::new(),
+            last_ticks: 0,
+        }
+    }
 }
 
 impl Tally {
     fn merge(mut self, other: Tally) -> Tally {
-        for (k, v) in other.counts {
-            *self.counts.entry(k).or_default() += v;
+        for (a, b) in self.mem.iter_mut().zip(other.mem) {
+            *a += b;
+        }
+        for (a, b) in self.marks.iter_mut().zip(other.marks) {
+            *a += b;
+        }
+        for (stack, n) in other.scopes {
+            *self.scopes.entry(stack).or_default() += n;
         }
         self.last_ticks = self.last_ticks.max(other.last_ticks);
         self
+    }
+
+    fn count(mut self, trace: &Trace, c: &ChunkInfo) -> Tally {
+        let mut last = self.last_ticks;
+        match c.kind {
+            ChunkKind::Mem => {
+                for (ticks, e) in trace.mem_timeline(c) {
+                    self.mem[e.kind().0 as usize] += 1;
+                    last = last.max(ticks);
+                }
+            }
+            ChunkKind::Scope => {
+                // A scope's events come in runs on one stack (its open and close, a loop's
+                // iterations): count a run at a time.
+                let mut run: Option<(u32, u64)> = None;
+                for (ticks, e) in trace.scope_timeline(c) {
+                    last = last.max(ticks);
+                    match &mut run {
+                        Some((stack, n)) if *stack == e.stack() => *n += 1,
+                        _ => {
+                            if let Some((stack, n)) = run.replace((e.stack(), 1)) {
+                                *self.scopes.entry(stack).or_default() += n;
+                            }
+                        }
+                    }
+                }
+                if let Some((stack, n)) = run {
+                    *self.scopes.entry(stack).or_default() += n;
+                }
+            }
+            ChunkKind::Mark => {
+                for e in trace.mark_events(c) {
+                    self.marks[e.kind().0 as usize] += 1;
+                    last = last.max(e.ticks());
+                }
+            }
+            ChunkKind::Defs | ChunkKind::Footer => {}
+        }
+        self.last_ticks = last;
+        self
+    }
+
+    /// The counts under the names `info` shows (kinds it does not know share one name).
+    fn named(&self, trace: &Trace) -> BTreeMap<&'static str, u64> {
+        let mut counts = BTreeMap::new();
+        let mut add = |name: &'static str, n: u64| {
+            if n > 0 {
+                *counts.entry(name).or_default() += n;
+            }
+        };
+        for (k, &n) in self.mem.iter().enumerate() {
+            add(mem_kind_name(fb::MemKind(k as u8)), n);
+        }
+        for (k, &n) in self.marks.iter().enumerate() {
+            add(mark_kind_name(fb::MarkKind(k as u8)), n);
+        }
+        for (stack, &n) in &self.scopes {
+            let kind = trace
+                .defs
+                .stacks
+                .get(stack)
+                .and_then(|(_, f)| trace.defs.frames.get(f))
+                .map(|f| FrameKind::from(f.kind));
+            add(scope_event_name(kind), n);
+        }
+        counts
     }
 }
 
@@ -94,42 +181,12 @@ pub fn info(trace: &Trace) -> Info {
     let tally = trace
         .chunks
         .par_iter()
-        .map(|c| {
-            let mut t = Tally::default();
-            let mut bump = |name: &'static str, ticks: u64| {
-                *t.counts.entry(name).or_default() += 1;
-                t.last_ticks = t.last_ticks.max(ticks);
-            };
-            match c.kind {
-                ChunkKind::Mem => {
-                    for (ticks, e) in trace.mem_timeline(c) {
-                        bump(mem_kind_name(e.kind()), ticks);
-                    }
-                }
-                ChunkKind::Scope => {
-                    for (ticks, e) in trace.scope_timeline(c) {
-                        let kind = trace
-                            .defs
-                            .stacks
-                            .get(&e.stack())
-                            .and_then(|(_, f)| trace.defs.frames.get(f))
-                            .map(|f| FrameKind::from(f.kind));
-                        bump(scope_event_name(kind), ticks);
-                    }
-                }
-                ChunkKind::Mark => {
-                    for e in trace.mark_events(c) {
-                        bump(mark_kind_name(e.kind()), e.ticks());
-                    }
-                }
-                ChunkKind::Defs | ChunkKind::Footer => {}
-            }
-            t
-        })
+        .fold(Tally::default, |t, c| t.count(trace, c))
         .reduce(Tally::default, Tally::merge);
+    let counts = tally.named(trace);
     let h = &trace.header;
     let end_ticks = trace.footer.map_or(tally.last_ticks, |f| f.end_ticks);
-    let total_events: u64 = tally.counts.values().sum();
+    let total_events: u64 = counts.values().sum();
     let file_bytes = trace.bytes().len() as u64;
     let mut threads: Vec<ThreadInfo> = trace
         .defs
@@ -177,7 +234,7 @@ pub fn info(trace: &Trace) -> Info {
         // A footer read from a file whose chunks were lost afterwards (truncated in a copy)
         // does not make the run a finished one.
         finished: trace.footer.is_some() && trace.torn_chunks() == 0,
-        events: tally.counts,
+        events: counts,
         total_events,
         threads,
         devices,
