@@ -381,3 +381,64 @@ fn pools_bound_to_their_own_traces_record_only_there() {
         ]
     );
 }
+
+/// The pool reads the clock for a malloc and a free inside its lock, so a block freed on one
+/// thread and handed out again on another keeps the pool's order in the trace however late the
+/// free's hooks run: the replay never counts the block twice.
+#[test]
+fn a_block_reused_on_another_thread_keeps_the_pools_order() {
+    use poolsight::analyzer::{replay, ReplayOptions, Trace as Verified};
+    use poolsight::pool::hooks::{self, FreeInfo, MemoryHook};
+    use std::sync::mpsc;
+
+    /// Runs before the pool's TraceHook on the freeing thread: says the block is back, then
+    /// waits until the other thread has taken it again and recorded its malloc.
+    struct Stall {
+        back: mpsc::Sender<()>,
+        go: Mutex<mpsc::Receiver<()>>,
+    }
+    impl MemoryHook for Stall {
+        fn free_postprocess(&self, _: &FreeInfo) {
+            self.back.send(()).unwrap();
+            self.go.lock().unwrap().recv().unwrap();
+        }
+    }
+
+    let _g = global_lock();
+    let (rec, pool) = setup("hook-reuse", 1 << 20);
+    let path = rec.path();
+    pool.record_to(TraceHook::for_pool(rec.handle(), &pool))
+        .expect("first hook");
+    let first = pool.malloc(4096).expect("malloc");
+    let ptr = first.ptr();
+    let (back_tx, back_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel();
+    let again = std::thread::scope(|s| {
+        s.spawn(move || {
+            let _stall = hooks::register(Arc::new(Stall {
+                back: back_tx,
+                go: Mutex::new(go_rx),
+            }));
+            drop(first);
+        });
+        s.spawn(move || {
+            back_rx.recv().unwrap();
+            let again = pool.malloc(4096).expect("malloc");
+            go_tx.send(()).unwrap();
+            again
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(again.ptr(), ptr, "the block was handed out again");
+    drop(again);
+    rec.finish().expect("finish");
+    let t = Verified::open(&path).expect("open");
+    let profile = replay(&t, 0, &ReplayOptions::default());
+    let pool_figures = &profile.sources[0].pool;
+    assert_eq!(pool_figures.mallocs, 2);
+    assert_eq!(
+        pool_figures.peak_used_bytes, 4096,
+        "one block live at a time, as the pool had it"
+    );
+}

@@ -164,13 +164,16 @@ impl MemoryHook for TraceHook {
 
     #[inline]
     fn malloc_postprocess(&self, i: &MallocPost) {
-        self.handle.record_mem(MemRecord {
-            ptr: i.mem_ptr,
-            bytes: i.size,
-            stack: self.stack(i.caller),
-            pmem: low32(i.pmem_id),
-            ..MemRecord::new(MemKind::MallocPost, i.device_id, i.stream)
-        });
+        self.record_at(
+            MemRecord {
+                ptr: i.mem_ptr,
+                bytes: i.size,
+                stack: self.stack(i.caller),
+                pmem: low32(i.pmem_id),
+                ..MemRecord::new(MemKind::MallocPost, i.device_id, i.stream)
+            },
+            i.ticks,
+        );
     }
 
     #[inline]
@@ -203,7 +206,7 @@ impl MemoryHook for TraceHook {
 
     #[inline]
     fn free_postprocess(&self, i: &FreeInfo) {
-        self.handle.record_mem(free_event(MemKind::FreePost, i));
+        self.record_at(free_event(MemKind::FreePost, i), i.ticks);
     }
 
     fn release(&self, i: &Release) {
@@ -226,6 +229,18 @@ impl MemoryHook for TraceHook {
             bytes: i.limit,
             ..MemRecord::new(MemKind::LimitSet, i.device_id, 0)
         });
+    }
+}
+
+impl TraceHook {
+    /// At the pool's own time for the event when it gave one (read inside its lock), else now.
+    #[inline(always)]
+    fn record_at(&self, r: MemRecord, ticks: u64) {
+        if ticks != 0 {
+            self.handle.record_mem_at(r, ticks);
+        } else {
+            self.handle.record_mem(r);
+        }
     }
 }
 

@@ -136,6 +136,8 @@ impl CupyHookSink {
             pmem_id,
             stream: 0,
             caller: Location::caller(),
+            // CuPy calls its hooks outside its pool's lock: recorded at the time of the call.
+            ticks: 0,
         };
         self.with_caller_stack(py, |h| h.malloc_postprocess(&info));
     }
@@ -209,6 +211,7 @@ impl CupyHookSink {
             mem_ptr,
             pmem_id,
             stream: 0,
+            ticks: 0,
         };
         f(&self.hook, &info);
     }

@@ -72,6 +72,12 @@ pub struct MallocPost {
     pub stream: u32,
     /// Where `malloc` was called.
     pub caller: &'static Location<'static>,
+    /// The recorder's clock ([`poolsight_recorder::writer::now_ticks`]) read inside the pool's
+    /// lock as the block was handed out, when hooks are installed; 0 when unknown (a caller
+    /// outside this pool's lock). It orders this malloc against other threads' frees and
+    /// mallocs of the same block as the pool ordered them: a clock read after the lock is
+    /// released can put a block's next malloc, on another thread, before its free.
+    pub ticks: u64,
 }
 
 /// Arguments of [`MemoryHook::alloc_preprocess`]: the pool missed and asks the device.
@@ -116,6 +122,9 @@ pub struct FreeInfo {
     pub pmem_id: u64,
     /// Stream (arena) the memory goes back to.
     pub stream: u32,
+    /// As [`MallocPost::ticks`], read inside the pool's lock as the block went back: set for
+    /// [`MemoryHook::free_postprocess`], 0 for [`MemoryHook::free_preprocess`] (not yet known).
+    pub ticks: u64,
 }
 
 /// Arguments of [`MemoryHook::release`]: cached memory returned to the device.

@@ -30,6 +30,7 @@ use crate::hooks::{
 };
 use crate::trace_hook::TraceHook;
 use arena::{State, NONE};
+use poolsight_recorder::writer::now_ticks;
 
 /// The rounding unit of every request, CuPy's `ALLOCATION_UNIT_SIZE`. Also keeps every chunk
 /// aligned as well as a fresh device allocation.
@@ -312,7 +313,8 @@ impl Inner {
     }
 
     /// Everything between the malloc hooks; builds the handle before the post hooks run so
-    /// that a panicking hook cannot leak the chunk.
+    /// that a panicking hook cannot leak the chunk. With hooks, also the clock read inside the
+    /// lock as the block was handed out ([`MallocPost::ticks`]; 0 without hooks).
     fn malloc_rounded(
         self: &Arc<Self>,
         size: u64,
@@ -320,20 +322,26 @@ impl Inner {
         stream: u32,
         caller: &'static Location<'static>,
         hooks: Option<&Hooks<'_>>,
-    ) -> Result<PooledMemory, PoolError> {
+    ) -> Result<(PooledMemory, u64), PoolError> {
+        let stamp = |_locked: &State| if hooks.is_some() { now_ticks() } else { 0 };
         if mem_size == 0 {
             // CuPy hands out a null `Memory(0)` without touching the pool or the device.
-            let pmem_id = self.next_pmem_id(&self.lock());
-            return Ok(self.handle(NONE, 0, size, 0, stream, pmem_id));
+            let st = self.lock();
+            let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
+            drop(st);
+            return Ok((self.handle(NONE, 0, size, 0, stream, pmem_id), ticks));
         }
         let arena = {
             let mut st = self.lock();
             let arena = st.arena_index(stream);
             if let Some((idx, ptr)) = st.take_best_fit(arena, mem_size) {
                 self.add_used(&st, mem_size);
-                let pmem_id = self.next_pmem_id(&st);
+                let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
                 drop(st);
-                return Ok(self.handle(idx, ptr, size, mem_size, stream, pmem_id));
+                return Ok((
+                    self.handle(idx, ptr, size, mem_size, stream, pmem_id),
+                    ticks,
+                ));
             }
             arena
         };
@@ -341,9 +349,12 @@ impl Inner {
         let mut st = self.lock();
         let idx = st.add_allocation(ptr, mem_size, arena);
         self.add_used(&st, mem_size);
-        let pmem_id = self.next_pmem_id(&st);
+        let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
         drop(st);
-        Ok(self.handle(idx, ptr, size, mem_size, stream, pmem_id))
+        Ok((
+            self.handle(idx, ptr, size, mem_size, stream, pmem_id),
+            ticks,
+        ))
     }
 
     /// Adds `delta` (two's complement for a decrease) to the used bytes. Only ever called with
@@ -394,7 +405,9 @@ impl Inner {
         let Some(h) = hooks.as_ref() else {
             // Fast path: no event is built at all.
             return match round_size(size) {
-                Some(mem_size) => self.malloc_rounded(size, mem_size, stream, caller, None),
+                Some(mem_size) => self
+                    .malloc_rounded(size, mem_size, stream, caller, None)
+                    .map(|(m, _)| m),
                 None => Err(self.out_of_memory(u64::MAX, stream, None)),
             };
         };
@@ -414,9 +427,9 @@ impl Inner {
             Some(m) => self.malloc_rounded(size, m, stream, caller, Some(h)),
             None => Err(self.out_of_memory(u64::MAX, stream, Some(h))),
         };
-        let (mem_ptr, pmem_id) = match &r {
-            Ok(m) => (m.ptr, m.pmem_id),
-            Err(_) => (0, 0),
+        let (mem_ptr, pmem_id, ticks) = match &r {
+            Ok((m, ticks)) => (m.ptr, m.pmem_id, *ticks),
+            Err(_) => (0, 0, 0),
         };
         let post = MallocPost {
             device_id: self.device_id,
@@ -426,9 +439,10 @@ impl Inner {
             pmem_id,
             stream,
             caller,
+            ticks,
         };
         h.for_each(|k| k.malloc_postprocess(&post));
-        r
+        r.map(|(m, _)| m)
     }
 
     fn free(&self, m: &PooledMemory) {
@@ -443,17 +457,23 @@ impl Inner {
             mem_ptr: m.ptr,
             pmem_id: m.pmem_id,
             stream: m.stream,
+            ticks: 0,
         };
         if let Some(h) = hooks.as_ref().filter(|h| h.wants_pre()) {
             h.for_each(|k| k.free_preprocess(&info));
         }
-        {
+        let ticks = {
             let mut st = self.lock();
             st.give_back(m.chunk);
             self.add_used(&st, m.mem_size.wrapping_neg());
-        }
+            if hooks.is_some() {
+                now_ticks()
+            } else {
+                0
+            }
+        };
         if let Some(h) = &hooks {
-            h.for_each(|k| k.free_postprocess(&info));
+            h.for_each(|k| k.free_postprocess(&FreeInfo { ticks, ..info }));
         }
     }
 

@@ -306,7 +306,17 @@ impl Handle {
     /// [`Handle::intern_frames`].
     #[inline]
     pub fn record_mem(&self, r: MemRecord) {
-        thread::with_writer(&self.shared, |w| w.mem(&r));
+        thread::with_writer(&self.shared, |w| w.mem(&r, clock::ticks()));
+    }
+
+    /// [`Handle::record_mem`] at `ticks` ([`now_ticks`]) read earlier: inside the allocator's
+    /// lock, so that events of different threads on the same block keep the allocator's order
+    /// (a free on one thread before the next malloc of the block on another). `ticks` must not
+    /// be earlier than this thread's previous memory event: a thread whose events go back in
+    /// time is read correctly, but replayed more slowly.
+    #[inline]
+    pub fn record_mem_at(&self, r: MemRecord, ticks: u64) {
+        thread::with_writer(&self.shared, |w| w.mem(&r, ticks));
     }
 
     /// Records a scope that opened at `start_ticks` ([`clock::ticks`]) and closes now. `stack`

@@ -90,8 +90,7 @@ impl ThreadWriter {
     }
 
     #[inline(always)]
-    pub fn mem(&mut self, r: &MemRecord) {
-        let now = clock::ticks();
+    pub fn mem(&mut self, r: &MemRecord, now: u64) {
         let Some(c) = self.chunk(Stream::Mem, 2, now) else {
             return self.shared.count_dropped(1);
         };
