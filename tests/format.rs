@@ -5,7 +5,7 @@ mod scratch;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::{info, ChunkKind, Trace};
+use poolsight::analyzer::{info, ChunkInfo, ChunkKind, Trace};
 use poolsight::recorder::{
     DeviceInfo, Frame, FrameKind, MarkKind, MemKind, MemRecord, Mode, Phase, Recorder,
     RecorderConfig,
@@ -414,21 +414,28 @@ fn truncation_at_every_offset_gives_partial_results_or_a_clear_error() {
     assert!(errors > 0 && errors < full.len());
 }
 
-#[test]
-fn a_corrupted_event_fails_its_chunk_checksum() {
-    let path = tmp("corrupt.pstrace");
-    let mut bytes = small_trace(&path);
-    let whole = Trace::open(&path).unwrap();
+/// Writes [`small_trace`] to `path` with one bit pattern flipped inside the `bytes` field of
+/// the `event`th event of its first sealed memory chunk; returns that chunk as it was.
+fn corrupt_one_mem_event(path: &Path, event: usize, flip: u8) -> ChunkInfo {
+    let mut bytes = small_trace(path);
+    let whole = Trace::open(path).unwrap();
     let c = *whole
         .chunks
         .iter()
         .find(|c| c.kind == ChunkKind::Mem && c.sealed)
         .unwrap();
-    let e = &whole.mem_events(&c)[5];
+    let e = &whole.mem_events(&c)[event];
     let at = e.0.as_ptr() as usize - whole.bytes().as_ptr() as usize + 16; // inside `bytes`
     drop(whole);
-    bytes[at] ^= 0x40;
-    std::fs::write(&path, &bytes).unwrap();
+    bytes[at] ^= flip;
+    std::fs::write(path, &bytes).unwrap();
+    c
+}
+
+#[test]
+fn a_corrupted_event_fails_its_chunk_checksum() {
+    let path = tmp("corrupt.pstrace");
+    let c = corrupt_one_mem_event(&path, 5, 0x40);
     let t = Trace::open(&path).unwrap();
     assert!(
         t.warnings
@@ -733,17 +740,7 @@ mod fuzz {
 #[test]
 fn info_names_a_corrupted_chunk_and_counts_what_remains() {
     let path = tmp("info-corrupt.pstrace");
-    let mut bytes = small_trace(&path);
-    let whole = Trace::open(&path).unwrap();
-    let c = *whole
-        .chunks
-        .iter()
-        .find(|c| c.kind == ChunkKind::Mem && c.sealed)
-        .unwrap();
-    let at = whole.mem_events(&c)[3].0.as_ptr() as usize - whole.bytes().as_ptr() as usize + 16;
-    drop(whole);
-    bytes[at] ^= 0x11;
-    std::fs::write(&path, &bytes).unwrap();
+    let c = corrupt_one_mem_event(&path, 3, 0x11);
     let want = info::info(&Trace::open(&path).unwrap());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_poolsight"))
         .args(["info", "--format", "json"])
