@@ -280,22 +280,25 @@ fn a_thread_going_back_in_time_falls_back_to_the_one_merge() {
     assert_progress_ends_at_total(&back);
 }
 
-/// The progress a bar shows ends at its total, with and without the walk to the peak.
+/// The progress a bar shows ends at its total, with and without the walk to the peak, in
+/// windows and in the one merge.
 fn assert_progress_ends_at_total(path: &Path) {
     let trace = Trace::open(path).unwrap();
-    for live_at_peak in [false, true] {
-        let progress = Arc::new(AtomicU64::new(0));
-        let opts = ReplayOptions {
-            live_at_peak,
-            progress: Some(Arc::clone(&progress)),
-            ..ReplayOptions::default()
-        };
-        replay_split(&trace, 0, &opts, Split::Windows(50)).unwrap();
-        assert_eq!(
-            progress.load(Ordering::Relaxed),
-            progress_total(&trace, &opts),
-            "live_at_peak {live_at_peak}"
-        );
+    for split in [Split::Windows(50), Split::OneMerge] {
+        for live_at_peak in [false, true] {
+            let progress = Arc::new(AtomicU64::new(0));
+            let opts = ReplayOptions {
+                live_at_peak,
+                progress: Some(Arc::clone(&progress)),
+                ..ReplayOptions::default()
+            };
+            replay_split(&trace, 0, &opts, split).unwrap();
+            assert_eq!(
+                progress.load(Ordering::Relaxed),
+                progress_total(&trace, &opts),
+                "{split:?}, live_at_peak {live_at_peak}"
+            );
+        }
     }
 }
 

@@ -115,39 +115,30 @@ pub fn replay_split(
     opts: &ReplayOptions,
     split: Split,
 ) -> Option<Profile> {
-    let (stacks, timeline) = match passes(trace, opts, split) {
-        Some(done) => done,
-        None if matches!(split, Split::WindowsOnly(_)) => return None,
-        // The windows counted every chunk already; counting them again would take the bar
-        // past its total.
-        None => one_merge(
-            trace,
-            &ReplayOptions {
-                progress: None,
-                ..opts.clone()
-            },
-        ),
+    let (stacks, timeline) = match split {
+        Split::OneMerge => one_merge(trace, opts),
+        Split::Windows(n) | Split::WindowsOnly(n) => {
+            match windows::replay(
+                trace,
+                opts.series_points,
+                opts.progress.as_deref(),
+                n.max(1),
+            ) {
+                Some((timeline, stacks)) => (stacks, timeline),
+                None if matches!(split, Split::WindowsOnly(_)) => return None,
+                // The windows counted every chunk already; counting them again would take the
+                // bar past its total.
+                None => one_merge(
+                    trace,
+                    &ReplayOptions {
+                        progress: None,
+                        ..opts.clone()
+                    },
+                ),
+            }
+        }
     };
     Some(assemble(trace, index, opts, stacks, timeline))
-}
-
-/// The per-stack counters and the time-ordered figures in windows, where `split` asks for
-/// them and they stand for the one merge.
-fn passes(
-    trace: &Trace,
-    opts: &ReplayOptions,
-    split: Split,
-) -> Option<(stacks::PerStack, ordered::Timeline)> {
-    match split {
-        Split::Windows(n) | Split::WindowsOnly(n) => windows::replay(
-            trace,
-            opts.series_points,
-            opts.progress.as_deref(),
-            n.max(1),
-        )
-        .map(|(timeline, stacks)| (stacks, timeline)),
-        Split::OneMerge => None,
-    }
 }
 
 /// The per-stack pass (parallel over chunks) beside the one merge (on one thread).

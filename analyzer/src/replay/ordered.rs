@@ -25,11 +25,7 @@ pub(super) struct Timeline {
     /// Ordinal (in merge order) of the memory event that reached the used peak.
     pub(super) peak_ordinal: Option<u64>,
     ordinal: u64,
-    mallocs: u64,
-    frees: u64,
-    allocs: u64,
-    releases: u64,
-    ooms: u64,
+    counts: Counts,
     open_epoch: Option<OpenEpoch>,
     epochs: Vec<RawEpoch>,
     series: Downsampler,
@@ -52,6 +48,26 @@ pub struct Snapshot {
     pub stacks: Vec<(u32, u64)>,
     /// Live bytes of the stacks left out.
     pub other: u64,
+}
+
+/// How many events of each counted memory kind were merged.
+#[derive(Default)]
+struct Counts {
+    mallocs: u64,
+    frees: u64,
+    allocs: u64,
+    releases: u64,
+    ooms: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.mallocs += o.mallocs;
+        self.frees += o.frees;
+        self.allocs += o.allocs;
+        self.releases += o.releases;
+        self.ooms += o.ooms;
+    }
 }
 
 #[derive(Clone)]
@@ -86,11 +102,7 @@ impl Timeline {
             peak_acquired_ticks: 0,
             peak_ordinal: None,
             ordinal: 0,
-            mallocs: 0,
-            frees: 0,
-            allocs: 0,
-            releases: 0,
-            ooms: 0,
+            counts: Counts::default(),
             open_epoch: None,
             epochs: Vec::new(),
             series: Downsampler::new(t0, points),
@@ -108,7 +120,7 @@ impl Timeline {
         match e.kind() {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let size = units.mem_size(e.device(), e.bytes());
-                self.mallocs += 1;
+                self.counts.mallocs += 1;
                 self.used = self.used.saturating_add(signed(size));
                 if track {
                     self.track_malloc(e, size);
@@ -120,14 +132,14 @@ impl Timeline {
                 }
             }
             fb::MemKind::FreePost => {
-                self.frees += 1;
+                self.counts.frees += 1;
                 self.used = self.used.saturating_sub(signed(e.bytes()));
                 if track {
                     self.track_free(e);
                 }
             }
             fb::MemKind::AllocPost if e.ptr() != 0 => {
-                self.allocs += 1;
+                self.counts.allocs += 1;
                 self.acquired = self.acquired.saturating_add(signed(e.bytes()));
                 if self.acquired > self.peak_acquired {
                     self.peak_acquired = self.acquired;
@@ -135,10 +147,10 @@ impl Timeline {
                 }
             }
             fb::MemKind::Release => {
-                self.releases += 1;
+                self.counts.releases += 1;
                 self.acquired = self.acquired.saturating_sub(signed(e.bytes()));
             }
-            fb::MemKind::OutOfMemory => self.ooms += 1,
+            fb::MemKind::OutOfMemory => self.counts.ooms += 1,
             _ => {}
         }
         if let Some(ep) = &mut self.open_epoch {
@@ -241,11 +253,11 @@ impl Timeline {
             peak_acquired_ns: trace.ns_since_start(self.peak_acquired_ticks),
             used_at_end_bytes: self.used,
             acquired_at_end_bytes: self.acquired,
-            mallocs: self.mallocs,
-            frees: self.frees,
-            device_allocs: self.allocs,
-            releases: self.releases,
-            out_of_memory: self.ooms,
+            mallocs: self.counts.mallocs,
+            frees: self.counts.frees,
+            device_allocs: self.counts.allocs,
+            releases: self.counts.releases,
+            out_of_memory: self.counts.ooms,
         }
     }
 
@@ -797,20 +809,15 @@ pub(super) struct WindowFold {
     pub(super) bad: bool,
     used: i64,
     acquired: i64,
+    /// Lowest used and acquired bytes (the highest are the peaks').
     min_used: i64,
-    max_used: i64,
     min_acquired: i64,
-    max_acquired: i64,
     /// Highest used bytes, first reached: (bytes, ticks, ordinal in this window); bytes
     /// `i64::MIN` before any event.
     peak_used: (i64, u64, u64),
     peak_acquired: (i64, u64),
     ordinal: u64,
-    mallocs: u64,
-    frees: u64,
-    allocs: u64,
-    releases: u64,
-    ooms: u64,
+    counts: Counts,
     /// Highest used and acquired bytes since the last mark (or the window's start).
     seg_used: i64,
     seg_acquired: i64,
@@ -868,17 +875,11 @@ impl WindowFold {
             used: 0,
             acquired: 0,
             min_used: 0,
-            max_used: 0,
             min_acquired: 0,
-            max_acquired: 0,
             peak_used: (i64::MIN, 0, 0),
             peak_acquired: (i64::MIN, 0),
             ordinal: 0,
-            mallocs: 0,
-            frees: 0,
-            allocs: 0,
-            releases: 0,
-            ooms: 0,
+            counts: Counts::default(),
             seg_used: i64::MIN,
             seg_acquired: i64::MIN,
             marks: Vec::new(),
@@ -913,42 +914,40 @@ impl WindowFold {
         match e.kind() {
             fb::MemKind::MallocPost if e.ptr() != 0 => {
                 let size = units.mem_size(e.device(), e.bytes());
-                self.mallocs += 1;
+                self.counts.mallocs += 1;
                 let (u, over) = self.used.overflowing_add(signed(size));
                 self.bad |= over;
                 self.used = u;
-                self.max_used = self.max_used.max(u);
                 self.seg_used = self.seg_used.max(u);
                 if u > self.peak_used.0 {
                     self.peak_used = (u, ticks, self.ordinal);
                 }
             }
             fb::MemKind::FreePost => {
-                self.frees += 1;
+                self.counts.frees += 1;
                 let (u, over) = self.used.overflowing_sub(signed(e.bytes()));
                 self.bad |= over;
                 self.used = u;
                 self.min_used = self.min_used.min(u);
             }
             fb::MemKind::AllocPost if e.ptr() != 0 => {
-                self.allocs += 1;
+                self.counts.allocs += 1;
                 let (a, over) = self.acquired.overflowing_add(signed(e.bytes()));
                 self.bad |= over;
                 self.acquired = a;
-                self.max_acquired = self.max_acquired.max(a);
                 self.seg_acquired = self.seg_acquired.max(a);
                 if a > self.peak_acquired.0 {
                     self.peak_acquired = (a, ticks);
                 }
             }
             fb::MemKind::Release => {
-                self.releases += 1;
+                self.counts.releases += 1;
                 let (a, over) = self.acquired.overflowing_sub(signed(e.bytes()));
                 self.bad |= over;
                 self.acquired = a;
                 self.min_acquired = self.min_acquired.min(a);
             }
-            fb::MemKind::OutOfMemory => self.ooms += 1,
+            fb::MemKind::OutOfMemory => self.counts.ooms += 1,
             _ => {}
         }
         // The open bucket keeps the highest used bytes first reached in it (as `Bucket::max`
@@ -1032,8 +1031,10 @@ impl Timeline {
                 return None;
             }
             let (base_used, base_acquired) = (tl.used, tl.acquired);
-            let used = |rel: i64| shifted(base_used, rel, w.min_used, w.max_used);
-            let acquired = |rel: i64| shifted(base_acquired, rel, w.min_acquired, w.max_acquired);
+            // The window's bytes ranged from its lowest to its peak (0 where nothing rose).
+            let (max_used, max_acquired) = (w.peak_used.0.max(0), w.peak_acquired.0.max(0));
+            let used = |rel: i64| shifted(base_used, rel, w.min_used, max_used);
+            let acquired = |rel: i64| shifted(base_acquired, rel, w.min_acquired, max_acquired);
             // The highest bytes of a stretch between marks raise the open epoch's maxima.
             let stretch = |tl: &mut Timeline, seg_used: i64, seg_acquired: i64| -> Option<()> {
                 if let Some(ep) = &mut tl.open_epoch {
@@ -1094,11 +1095,7 @@ impl Timeline {
             tl.used = used(w.used)?;
             tl.acquired = acquired(w.acquired)?;
             tl.ordinal += w.ordinal;
-            tl.mallocs += w.mallocs;
-            tl.frees += w.frees;
-            tl.allocs += w.allocs;
-            tl.releases += w.releases;
-            tl.ooms += w.ooms;
+            tl.counts.add(&w.counts);
         }
         Some(tl)
     }
