@@ -653,16 +653,14 @@ mod fuzz {
         /// Random byte edits anywhere in a valid trace: the reader must never panic.
         #[test]
         fn random_corruption_never_panics(edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..16)) {
-            let base = tmp("fuzz-base.pstrace");
-            let mut bytes = match std::fs::read(&base) {
-                Ok(b) if !b.is_empty() => b,
-                _ => small_trace(&base),
-            };
+            // Recorded once for all the cases.
+            static BASE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+            let mut bytes = BASE.get_or_init(|| small_trace(&tmp("fuzz-base.pstrace"))).clone();
             for (idx, v) in edits {
                 let i = idx.index(bytes.len());
                 bytes[i] = v;
             }
-            let path = tmp(&format!("fuzz-{}.pstrace", std::thread::current().name().unwrap_or("t").replace("::", "_")));
+            let path = tmp("fuzz.pstrace");
             std::fs::write(&path, &bytes).unwrap();
             if let Ok(t) = Trace::open(&path) {
                 let _ = info::info(&t);
@@ -684,7 +682,7 @@ mod fuzz {
                 let i = idx.index(bytes.len());
                 bytes[i] = v;
             }
-            let path = tmp(&format!("fuzz-analysis-{}.pstrace", std::thread::current().name().unwrap_or("t").replace("::", "_")));
+            let path = tmp("fuzz-analysis.pstrace");
             std::fs::write(&path, &bytes).unwrap();
             if let Ok(t) = Trace::open(&path) {
                 analyze_everything(&t);

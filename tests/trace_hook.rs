@@ -390,6 +390,7 @@ fn a_block_reused_on_another_thread_keeps_the_pools_order() {
     use poolsight::analyzer::{replay, ReplayOptions, Trace as Verified};
     use poolsight::pool::hooks::{self, FreeInfo, MemoryHook};
     use std::sync::mpsc;
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
     /// Runs before the pool's TraceHook on the freeing thread: says the block is back, then
     /// waits until the other thread has taken it again and recorded its malloc.
@@ -400,7 +401,10 @@ fn a_block_reused_on_another_thread_keeps_the_pools_order() {
     impl MemoryHook for Stall {
         fn free_postprocess(&self, _: &FreeInfo) {
             self.back.send(()).unwrap();
-            self.go.lock().unwrap().recv().unwrap();
+            // A bounded wait: were the hooks run under the pool's lock, the other thread
+            // could never take the block, and the test would hang instead of failing.
+            let go = self.go.lock().unwrap().recv_timeout(WAIT);
+            go.expect("the other thread took the block again");
         }
     }
 
@@ -422,7 +426,7 @@ fn a_block_reused_on_another_thread_keeps_the_pools_order() {
             drop(first);
         });
         s.spawn(move || {
-            back_rx.recv().unwrap();
+            back_rx.recv_timeout(WAIT).expect("the block was freed");
             let again = pool.malloc(4096).expect("malloc");
             go_tx.send(()).unwrap();
             again
