@@ -11,8 +11,9 @@
 //! - [`AddressedPool`]: the pool for callers that hold raw addresses (C, Python, PyTorch),
 //!   with the allocation's stack chosen by the caller ([`with_stack`]).
 //!
-//! The pool knows nothing of the trace format: only [`TraceHook`] talks to the recorder, through
-//! its public API, as any other allocator's observer would.
+//! The pool knows nothing of the trace format: only [`TraceHook`] records, through the
+//! recorder's public API, as any other allocator's observer would; the pool itself only reads
+//! the recorder's clock, inside its lock, for the hooks ([`hooks::MallocPost::ticks`]).
 
 mod addressed;
 pub mod device;

@@ -199,7 +199,8 @@ pub trait MemoryHook: Send + Sync {
     fn limit_set(&self, _info: &LimitSet) {}
     /// Whether the hook does anything in `malloc_preprocess`, `alloc_preprocess` and
     /// `free_preprocess`. When no hook in force does, the pool skips those callbacks. Asked
-    /// when the hook is registered: the answer must not change while it is.
+    /// whenever a thread's list of hooks is rebuilt (and, for a pool's own hook, per
+    /// operation): the answer must not change while the hook is registered.
     fn wants_pre(&self) -> bool {
         true
     }
@@ -314,8 +315,8 @@ pub fn register(hook: Arc<dyn MemoryHook>) -> HookGuard {
 
 /// Registers `hook` for every thread of the process until the guard is dropped.
 ///
-/// Threads see the registration at their next pool operation at the latest (the check is a
-/// relaxed load); a thread spawned after this call sees it from its start.
+/// Threads see the registration at their next pool operation at the latest (the check is one
+/// acquire load); a thread spawned after this call sees it from its start.
 pub fn register_global(hook: Arc<dyn MemoryHook>) -> GlobalHookGuard {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let mut g = GLOBAL.write().unwrap_or_else(|e| e.into_inner());

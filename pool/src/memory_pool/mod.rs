@@ -323,11 +323,11 @@ impl Inner {
         caller: &'static Location<'static>,
         hooks: Option<&Hooks<'_>>,
     ) -> Result<(PooledMemory, u64), PoolError> {
-        let stamp = |_locked: &State| if hooks.is_some() { now_ticks() } else { 0 };
+        let told = hooks.is_some();
         if mem_size == 0 {
             // CuPy hands out a null `Memory(0)` without touching the pool or the device.
             let st = self.lock();
-            let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
+            let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(told, &st));
             drop(st);
             return Ok((self.handle(NONE, 0, size, 0, stream, pmem_id), ticks));
         }
@@ -336,7 +336,7 @@ impl Inner {
             let arena = st.arena_index(stream);
             if let Some((idx, ptr)) = st.take_best_fit(arena, mem_size) {
                 self.add_used(&st, mem_size);
-                let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
+                let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(told, &st));
                 drop(st);
                 return Ok((
                     self.handle(idx, ptr, size, mem_size, stream, pmem_id),
@@ -349,7 +349,7 @@ impl Inner {
         let mut st = self.lock();
         let idx = st.add_allocation(ptr, mem_size, arena);
         self.add_used(&st, mem_size);
-        let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(&st));
+        let (pmem_id, ticks) = (self.next_pmem_id(&st), stamp(told, &st));
         drop(st);
         Ok((
             self.handle(idx, ptr, size, mem_size, stream, pmem_id),
@@ -466,11 +466,7 @@ impl Inner {
             let mut st = self.lock();
             st.give_back(m.chunk);
             self.add_used(&st, m.mem_size.wrapping_neg());
-            if hooks.is_some() {
-                now_ticks()
-            } else {
-                0
-            }
+            stamp(hooks.is_some(), &st)
         };
         if let Some(h) = &hooks {
             h.for_each(|k| k.free_postprocess(&FreeInfo { ticks, ..info }));
@@ -758,5 +754,16 @@ impl std::fmt::Debug for PooledMemory {
             .field("device_id", &self.pool.device_id)
             .field("stream", &self.stream)
             .finish()
+    }
+}
+
+/// The clock for [`MallocPost::ticks`] and [`FreeInfo::ticks`], read with the lock held (the
+/// guard proves it) when hooks will be told; 0 when none will.
+#[inline]
+fn stamp(hooks: bool, _locked: &State) -> u64 {
+    if hooks {
+        now_ticks()
+    } else {
+        0
     }
 }

@@ -467,7 +467,7 @@ fn build_footer(f: &FooterFields) -> Vec<u8> {
     finish_chunk(&mut fbb, fb::ChunkBody::Footer, footer.as_union_value())
 }
 
-/// Ticks now, for [`Handle::record_scope`]'s `start_ticks`.
+/// Ticks now, for [`Handle::record_scope`]'s `start_ticks` and [`Handle::record_mem_at`].
 #[inline]
 pub fn now_ticks() -> u64 {
     clock::ticks()

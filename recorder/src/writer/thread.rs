@@ -2,7 +2,7 @@
 //!
 //! Each thread that records gets, per recorder, one open chunk per event stream, living in the
 //! mapped file. Recording an event is: a thread-local lookup, one relaxed load (is the recorder
-//! closed?), a clock read, a 16- or 32-byte copy and a store of the new length. No lock, no
+//! closed?), a clock read (or a time the caller read), a 16- or 32-byte copy and a store of the new length. No lock, no
 //! syscall, no allocation. A full chunk is sealed in place and a new region is reserved with one
 //! atomic. When the thread exits, its chunks are sealed by the thread-local's destructor.
 
