@@ -66,6 +66,8 @@ impl Ev {
 struct Recorder {
     label: &'static str,
     log: Arc<Mutex<Vec<(&'static str, Ev)>>>,
+    /// What [`MemoryHook::wants_pre`] answers.
+    pre: bool,
 }
 
 impl Recorder {
@@ -74,7 +76,19 @@ impl Recorder {
     }
 
     fn shared(label: &'static str, log: Arc<Mutex<Vec<(&'static str, Ev)>>>) -> Arc<Self> {
-        Arc::new(Recorder { label, log })
+        Arc::new(Recorder {
+            label,
+            log,
+            pre: true,
+        })
+    }
+
+    fn post_only(label: &'static str) -> Arc<Self> {
+        Arc::new(Recorder {
+            label,
+            log: Arc::default(),
+            pre: false,
+        })
     }
 
     fn push(&self, e: Ev) {
@@ -109,6 +123,9 @@ impl Recorder {
 impl MemoryHook for Recorder {
     fn name(&self) -> &str {
         self.label
+    }
+    fn wants_pre(&self) -> bool {
+        self.pre
     }
     fn malloc_preprocess(&self, i: &MallocPre) {
         self.push(Ev::MallocPre(*i));
@@ -833,40 +850,14 @@ fn a_thread_sees_registration_changes_at_its_next_operation() {
     assert!(hooks::current().is_none());
 }
 
-/// A hook that says it has no use for the pre callbacks, logging what it still gets.
-struct PostOnly(Arc<Recorder>);
-
-impl MemoryHook for PostOnly {
-    fn wants_pre(&self) -> bool {
-        false
-    }
-    fn malloc_preprocess(&self, i: &MallocPre) {
-        self.0.malloc_preprocess(i)
-    }
-    fn malloc_postprocess(&self, i: &MallocPost) {
-        self.0.malloc_postprocess(i)
-    }
-    fn alloc_preprocess(&self, i: &AllocPre) {
-        self.0.alloc_preprocess(i)
-    }
-    fn alloc_postprocess(&self, i: &AllocPost) {
-        self.0.alloc_postprocess(i)
-    }
-    fn free_preprocess(&self, i: &FreeInfo) {
-        self.0.free_preprocess(i)
-    }
-    fn free_postprocess(&self, i: &FreeInfo) {
-        self.0.free_postprocess(i)
-    }
-}
-
 #[test]
 fn pre_callbacks_are_skipped_only_when_no_hook_wants_them() {
     // A global hook of another test would want the pre callbacks too.
     let _lock = global_lock();
     let pool = host_pool(0, 1 << 20);
-    let post_only = Recorder::new("post_only");
-    let g = hooks::register(Arc::new(PostOnly(post_only.clone())));
+    // Says it has no use for the pre callbacks, and logs what it still gets.
+    let post_only = Recorder::post_only("post_only");
+    let g = hooks::register(post_only.clone());
     drop(pool.malloc(700).unwrap()); // a miss: alloc callbacks too
     assert_eq!(
         post_only.names(),
