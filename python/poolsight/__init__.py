@@ -138,7 +138,7 @@ class Recording:
         max_depth: int,
         cpu: str,
         pack: str | None = None,
-        pack_level: int = 3,
+        pack_level: int | None = None,
     ):
         self._native = native
         # Absolute, so that `pack=True` at finish names the copy after a change of directory.
@@ -280,7 +280,7 @@ def record(
     rank: int | None = None,
     world_size: int | None = None,
     pack: str | os.PathLike[str] | bool | None = None,
-    pack_level: int = 3,
+    pack_level: int | None = None,
 ) -> Recording:
     """Opens a trace file for recording; use it as ``with poolsight.record(path) as rec:``.
 
@@ -293,7 +293,8 @@ def record(
       exact figures when it is tracing, else RSS) or ``None``.
     - ``rank``/``world_size``: for multi-process jobs; ``poolsight`` merges ranks.
     - ``pack``: also write a packed copy when the recording finishes (a path, or ``True`` for
-      ``run.packed.pstrace`` beside ``run.pstrace``), at zstd level ``pack_level`` (1..22).
+      ``run.packed.pstrace`` beside ``run.pstrace``), at zstd level ``pack_level`` (1..22;
+      by default the level of ``poolsight pack`` and :func:`pack`).
       The live file is written and kept as always: it is what survives a crash.
 
     A path that cannot be created raises :class:`PoolsightError` here; any later failure
@@ -308,7 +309,8 @@ def record(
         raise ValueError(f"cpu must be 'rss', 'tracemalloc' or None, not {cpu!r}")
     if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0:
         raise ValueError(f"max_depth must be an int >= 0, not {max_depth!r}")
-    _check_level(pack_level)
+    if pack_level is not None:
+        _check_level(pack_level)
     target = None if pack is None else _pack_target(os.fspath(path), pack)
     native = _native.Recorder(
         os.fspath(path),

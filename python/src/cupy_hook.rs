@@ -60,20 +60,20 @@ impl CupyHookSink {
         id
     }
 
-    /// Runs `f` (a callback of the TraceHook) with the allocation's stack: the Python frames or
-    /// the open scopes. A finished recording or a frame that cannot be read must not raise
-    /// into CuPy: stack 0 then.
+    /// Runs `f` (a callback of the TraceHook) with the allocation's stack: the Python frames,
+    /// or the open scopes (stack 0, which the TraceHook resolves to them). A frame that cannot
+    /// be read must not raise into CuPy: the open scopes then.
     fn with_caller_stack(&self, py: Python<'_>, f: impl FnOnce(&TraceHook)) {
         let rec = self.recorder.get();
         if rec.session.is_finished() {
             return; // as for observed events: CuPy's late frees are not dropped events
         }
         let stack = if self.python_stacks {
-            rec.python_stack(py, self.max_depth, 0)
+            rec.python_stack(py, self.max_depth, 0).unwrap_or(0)
         } else {
-            rec.scopes_stack()
+            0
         };
-        with_stack(stack.unwrap_or(0), || f(&self.hook));
+        with_stack(stack, || f(&self.hook));
     }
 }
 

@@ -133,16 +133,16 @@ impl Recorder {
     }
 
     /// Seals the file; returns {events, chunks, dropped_events, file_bytes}. With ``pack``, then
-    /// writes a packed copy there (zstd ``level``), as ``FinishPacked::finish_packed`` does, and
-    /// adds ``packed_path``, ``packed_bytes`` and ``packed_warnings`` (the reader's).
-    #[pyo3(signature = (pack=None, level=3))]
+    /// writes a packed copy there (zstd ``level``, by default `poolsight pack`'s), as
+    /// ``FinishPacked::finish_packed`` does, and adds ``packed_path``, ``packed_bytes`` and
+    /// ``packed_warnings`` (the reader's).
+    #[pyo3(signature = (pack=None, level=None))]
     fn finish<'py>(
         &self,
         py: Python<'py>,
         pack: Option<std::path::PathBuf>,
-        level: i32,
+        level: Option<i32>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let level = Some(level);
         let opts = pack_options(level)?;
         let s = py.detach(|| self.session.finish()).map_err(err)?;
         let d = PyDict::new(py);
@@ -213,9 +213,10 @@ impl Recorder {
         Ok(())
     }
 
-    /// An observed block went back to its allocator (a free and, for allocators that return
-    /// memory at once, the device's release of it). Never raises: it runs from finalizers,
-    /// possibly after the recording finished.
+    /// An observed block went back: its free and the release of its memory (the observer
+    /// records each block as a device allocation of its own, an ``ALLOC_POST`` beside its
+    /// ``MALLOC_POST``, as ``poolsight.torch.track`` does). Never raises: it runs from
+    /// finalizers, possibly after the recording finished.
     #[pyo3(signature = (size, ptr, device=0))]
     fn freed(&self, size: u64, ptr: u64, device: u32) {
         self.session

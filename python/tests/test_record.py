@@ -292,7 +292,12 @@ def test_pack_at_finish_writes_a_copy_that_reports_the_same(trace):
     assert packed.stat().st_size * 3 < trace.stat().st_size
     for command in ("functions", "timers", "lines"):
         assert run_cli(command, packed).stdout == run_cli(command, trace).stdout
-    assert "packed" in run_cli("info", packed).stdout
+    assert report_json("info", packed)["format_version"].endswith(" packed")
+    assert not report_json("info", trace)["format_version"].endswith(" packed")
+    # Without a pack_level, the level of `poolsight pack`: the same bytes.
+    cli = trace.with_name("cli.pstrace")
+    run_cli("pack", trace, "-o", cli)
+    assert packed.read_bytes() == cli.read_bytes()
 
 
 def test_finish_pack_argument_and_the_result(trace, tmp_path):
