@@ -29,6 +29,8 @@ fi
 
 [ "$want_python" = 1 ] || exit 0
 
+# No cache of the downloads (PyTorch's are 4.6 GB): the environments are reused instead.
+export PIP_NO_CACHE_DIR=1
 VENV="${POOLSIGHT_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -36,12 +38,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 echo "== Python test dependencies into $VENV"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir -r python/requirements-test.txt
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
 
 echo "== building and installing the poolsight wheel"
 rm -rf target/wheels
 "$VENV/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out target/wheels
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps target/wheels/poolsight-*.whl
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
 
 CHAINER_VENV="${POOLSIGHT_CHAINER_VENV:-.venv-chainer}"
 if [ -f python/requirements-chainer.txt ]; then
@@ -49,9 +51,9 @@ if [ -f python/requirements-chainer.txt ]; then
     echo "== creating $CHAINER_VENV (Chainer 7.8.1 needs numpy < 2)"
     "$PY" -m venv "$CHAINER_VENV"
   fi
-  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "setuptools<70" wheel
-  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-build-isolation -r python/requirements-chainer.txt
-  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir --force-reinstall --no-deps target/wheels/poolsight-*.whl
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "setuptools<70" wheel
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation -r python/requirements-chainer.txt
+  "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
   export POOLSIGHT_CHAINER_PYTHON="$PWD/$CHAINER_VENV/bin/python"
 fi
 

@@ -152,8 +152,8 @@ fn flip_every_byte(base_path: &Path, bytes: &[u8], scratch: &str) {
         let mut flipped = bytes.to_vec();
         flipped[at] ^= 1 << bit;
         std::fs::write(&path, &flipped).unwrap();
-        let case = Instant::now();
         assert_deferred_checks_agree(&path, at, bit);
+        let case = Instant::now();
         match Trace::open(&path) {
             Err(_) => errors += 1,
             Ok(t) if !t.warnings.is_empty() => {

@@ -111,7 +111,9 @@ fn the_packed_copy_replays_as_the_live_file() {
 
 #[test]
 fn a_copy_that_cannot_be_written_leaves_the_live_file_whole() {
-    let live = dir().join("kept.pstrace");
+    // A folder of its own, so that what is left in it can be listed.
+    let d = scratch::dir();
+    let live = d.join("kept.pstrace");
     // Packing onto the live file itself.
     let err = record(&live)
         .finish_packed(&live, &PackOptions::default())
@@ -127,9 +129,9 @@ fn a_copy_that_cannot_be_written_leaves_the_live_file_whole() {
     let whole = (2 * 300 * 4 * 2 + 2 * 300 * 2 + 2, 2400, 2400, true);
     assert_eq!(counts(&live), whole);
     // Into a folder that does not exist.
-    let live2 = dir().join("kept2.pstrace");
+    let live2 = d.join("kept2.pstrace");
     let err = record(&live2)
-        .finish_packed(dir().join("no/such/dir/x.pstrace"), &PackOptions::default())
+        .finish_packed(d.join("no/such/dir/x.pstrace"), &PackOptions::default())
         .unwrap_err();
     assert!(
         matches!(
@@ -144,16 +146,27 @@ fn a_copy_that_cannot_be_written_leaves_the_live_file_whole() {
     assert_eq!(counts(&live2), whole);
     // Onto a folder: the copy is written whole, then cannot take the folder's name; it must
     // not be left behind.
-    let live3 = dir().join("kept3.pstrace");
-    let folder = dir().join("a-folder.pstrace");
+    let live3 = d.join("kept3.pstrace");
+    let folder = d.join("a-folder.pstrace");
     std::fs::create_dir_all(&folder).unwrap();
     let err = record(&live3)
         .finish_packed(&folder, &PackOptions::default())
         .unwrap_err();
     assert!(matches!(&err, FinishError::Pack { .. }), "{err:?}");
-    assert!(
-        !dir().join("a-folder.pstrace.packing").exists(),
-        "the half-written copy was left behind"
+    let mut left: Vec<String> = std::fs::read_dir(&*d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "a-folder.pstrace",
+            "kept.pstrace",
+            "kept2.pstrace",
+            "kept3.pstrace"
+        ],
+        "no half-written copy is left behind"
     );
     assert_eq!(counts(&live3), whole);
 }

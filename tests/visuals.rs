@@ -19,7 +19,7 @@ use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};
 use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
 
-/// A fresh trace path; the process id keeps concurrent `cargo test` runs apart.
+/// A fresh trace path, in a folder of its own removed when the test ends.
 fn trace_path(name: &str) -> scratch::Scratch {
     scratch::file(&format!("{name}.pstrace"))
 }

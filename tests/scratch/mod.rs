@@ -27,31 +27,18 @@ impl Deref for Dir {
     }
 }
 
-impl AsRef<Path> for Dir {
-    fn as_ref(&self) -> &Path {
-        self.0.path()
-    }
-}
-
 /// `name` in a directory of its own; the directory (with anything written beside the file, such
 /// as a packed copy or a report) goes when this is dropped.
 pub struct Scratch {
     path: PathBuf,
-    dir: Dir,
+    _dir: Dir,
 }
 
 pub fn file(name: &str) -> Scratch {
     let dir = dir();
     Scratch {
         path: dir.join(name),
-        dir,
-    }
-}
-
-impl Scratch {
-    /// The directory the file lives in.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+        _dir: dir,
     }
 }
 
