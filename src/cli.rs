@@ -502,16 +502,10 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             )?;
             // One replay for the report, the flamegraph and the page (which needs the bytes
             // live at the peak; the others do not read them).
-            let loaded = term::load_traces(
-                std::slice::from_ref(&outcome.path),
-                ReplayOptions {
-                    live_at_peak: true,
-                    ..ReplayOptions::default()
-                },
-            )?;
-            let profile = Profile::merge(loaded.profiles.clone());
+            let loaded = load_with_peak(std::slice::from_ref(&outcome.path))?;
+            let profile = &loaded.profiles[0];
             let opts = ReportOptions::default();
-            let r = report::compute(&profile, &opts);
+            let r = report::compute(profile, &opts);
             write!(out, "{}", report::render_table(&r, &opts))?;
             out.flush()?;
             let svg_path = outcome.path.with_extension("svg");
@@ -519,15 +513,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 "poolsight demo: bytes used from the pool ({})",
                 names(std::slice::from_ref(&outcome.path))
             );
-            let svg = flamegraph::flamegraph_svg(&profile, Metric::Used, &title)?;
+            let svg = flamegraph::flamegraph_svg(profile, Metric::Used, &title)?;
             term::write_file(&svg_path, &svg)?;
             let html_path = outcome.path.with_extension("html");
             let title = format!(
                 "poolsight demo ({})",
                 names(std::slice::from_ref(&outcome.path))
             );
-            let page = html::report_page(&title, &loaded.traces, &loaded.profiles);
-            term::write_file(&html_path, page.as_bytes())?;
+            write_html(&loaded, &html_path, &title)?;
             writeln!(
                 out,
                 "\nflamegraph: {}\ninteractive report: {} (open it in a browser)",
@@ -645,7 +638,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             title,
         } => {
             let title = title.unwrap_or_else(|| format!("poolsight: {}", names(&traces)));
-            write_html(&traces, &output, &title)?;
+            write_html(&load_with_peak(&traces)?, &output, &title)?;
         }
         Command::Timeline { traces, output } => {
             let profile = Profile::merge(term::load_profiles(&traces, false)?);
@@ -801,14 +794,23 @@ fn export_parquet(
 }
 
 /// Replays the traces (with the bytes live at the peak) and writes their HTML report.
-fn write_html(traces: &[PathBuf], output: &Path, title: &str) -> anyhow::Result<()> {
-    let loaded = term::load_traces(
+/// The traces loaded for the reports that show the blocks live at the peak (the demo's and
+/// `html`).
+fn load_with_peak(traces: &[PathBuf]) -> anyhow::Result<poolsight::analyzer::load::Loaded> {
+    term::load_traces(
         traces,
         ReplayOptions {
             live_at_peak: true,
             ..ReplayOptions::default()
         },
-    )?;
+    )
+}
+
+fn write_html(
+    loaded: &poolsight::analyzer::load::Loaded,
+    output: &Path,
+    title: &str,
+) -> anyhow::Result<()> {
     let page = html::report_page(title, &loaded.traces, &loaded.profiles);
     term::write_file(output, page.as_bytes())
 }

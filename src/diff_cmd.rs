@@ -136,13 +136,9 @@ fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::R
             live_at_peak: live_at_peak && i == 0 && keep_first,
             ..ReplayOptions::default()
         };
-        let loaded = crate::term::load_traces(std::slice::from_ref(path), replay)?;
-        let (Some(trace), Some(profile)) = (
-            loaded.traces.into_iter().next(),
-            loaded.profiles.into_iter().next(),
-        ) else {
-            anyhow::bail!("{}: nothing was loaded", path.display());
-        };
+        // One path: one trace and its profile, or an error.
+        let mut loaded = crate::term::load_traces(std::slice::from_ref(path), replay)?;
+        let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
         figures.push(Figures::of(&report::compute(&profile, &opts)));
         if i == 0 && keep_first {

@@ -189,8 +189,6 @@ pub struct Trace {
     /// Per chunk, whether its deferred checksum was checked and held (see
     /// [`Trace::open_deferred`]); empty when nothing was deferred.
     crc_checked: Vec<AtomicBool>,
-    /// A deferred checksum that did not hold.
-    crc_failed: AtomicBool,
 }
 
 /// The events of one chunk: in place in the mapping, or decoded from a packed chunk.
@@ -300,17 +298,13 @@ impl Trace {
         let buf = &self.map[c.offset as usize..c.offset as usize + c.len as usize];
         let meta = self.chunk_root(c).meta();
         let holds = crc_holds(buf, meta, self.header.format_minor);
-        if !holds {
-            self.crc_failed.store(true, Ordering::Relaxed);
-        }
-        let index = (c as *const ChunkInfo as usize).wrapping_sub(self.chunks.as_ptr() as usize)
-            / std::mem::size_of::<ChunkInfo>();
-        match self.crc_checked.get(index) {
-            Some(flag) if std::ptr::eq(&self.chunks[index], c) => {
-                flag.store(holds, Ordering::Relaxed)
-            }
-            // Not one of this trace's chunks: nothing to record.
-            _ => {}
+        // The chunks are sorted by (seq, offset), which the offset alone makes unique.
+        let found = self
+            .chunks
+            .binary_search_by_key(&(c.seq, c.offset), |x| (x.seq, x.offset));
+        // Not one of this trace's chunks: nothing to record.
+        if let Some(flag) = found.ok().and_then(|i| self.crc_checked.get(i)) {
+            flag.store(holds, Ordering::Relaxed);
         }
     }
 
@@ -318,12 +312,10 @@ impl Trace {
     /// with [`Trace::open`]; for one opened with [`Trace::open_deferred`], once a replay read
     /// every chunk and no deferred checksum failed.
     pub fn checksums_hold(&self) -> bool {
-        !self.crc_failed.load(Ordering::Relaxed)
-            && self
-                .chunks
-                .iter()
-                .zip(&self.crc_checked)
-                .all(|(c, ok)| !c.crc_deferred || ok.load(Ordering::Relaxed))
+        self.chunks
+            .iter()
+            .zip(&self.crc_checked)
+            .all(|(c, ok)| !c.crc_deferred || ok.load(Ordering::Relaxed))
     }
 
     fn from_map(path: PathBuf, file: &File, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
@@ -389,7 +381,6 @@ impl Trace {
             warnings,
             decode_failures: Mutex::new(Vec::new()),
             crc_checked: Vec::new(),
-            crc_failed: AtomicBool::new(false),
         };
         if trace.chunks.iter().any(|c| c.crc_deferred) {
             trace.crc_checked = trace

@@ -90,17 +90,9 @@ pub(super) fn per_stack(
             || PerStack::new(stacks),
             |mut acc, window| {
                 for c in window {
-                    match c.kind {
-                        ChunkKind::Mem => {
-                            trace.check_deferred(c);
-                            if !(skip_packed_mem && c.packed) {
-                                fold_mem(&trace.mem_events(c), c.base_ticks, &units, &mut acc);
-                            }
-                            if let Some(p) = progress {
-                                p.fetch_add(c.len as u64, Ordering::Relaxed);
-                            }
-                        }
-                        _ => fold_other(trace, c, &mut acc, progress),
+                    fold_other(trace, c, &mut acc, progress);
+                    if c.kind == ChunkKind::Mem && !(skip_packed_mem && c.packed) {
+                        fold_mem(&trace.mem_events(c), c.base_ticks, &units, &mut acc);
                     }
                 }
                 trace.release_window(window);
@@ -110,8 +102,9 @@ pub(super) fn per_stack(
         .reduce(|| PerStack::new(stacks), PerStack::merge)
 }
 
-/// Checks (a deferred checksum) and folds a chunk other than a memory chunk: scopes by
-/// stack, marks counted, definitions and footers hold no events; and counts its bytes done.
+/// Everything of a chunk but its memory events (which [`fold_mem`] folds): checks its
+/// deferred checksum, folds scopes by stack, counts marks (definitions and footers hold no
+/// events), and counts its bytes done.
 pub(super) fn fold_other(
     trace: &Trace,
     c: &ChunkInfo,
@@ -153,10 +146,10 @@ pub(super) fn fold_mem(
     acc.last_ticks = acc.last_ticks.max(last_ticks);
 }
 
-/// Folds one memory event (not a rebase) at `ticks` into its stack's counters; the caller
-/// counts it in [`PerStack::events`] and [`PerStack::last_ticks`].
+/// Folds one memory event (not a rebase) at `ticks` into its stack's counters ([`fold_mem`]
+/// counts it in [`PerStack::events`] and [`PerStack::last_ticks`]).
 #[inline]
-pub(super) fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
+fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
     match e.kind() {
         // Counted at the post event, which carries the request as the pre event did, plus
         // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
@@ -251,8 +244,9 @@ pub(super) fn build_tree(
 
 /// Deepest node of the calling-context tree. A damaged trace can chain stacks without end,
 /// one level per id; frames deeper than this count at the deepest node, so that every walk
-/// over the tree (the reports recurse) stays within a thread's stack, rayon's 2 MiB workers
-/// included. Real stacks are far shallower (Python's recursion limit is 1,000 frames).
+/// over the tree (the reports recurse) stays within a thread's stack: in a release build,
+/// rayon's 2 MiB workers included (a debug build's frames are larger; the CLI gives its
+/// workers 64 MiB). Real stacks are far shallower (Python's recursion limit is 1,000 frames).
 const MAX_TREE_DEPTH: usize = 1024;
 
 /// The tree node of an interned stack, created with its ancestors where missing. `depth`
