@@ -363,14 +363,22 @@ impl Downsampler {
             self.coarsen();
             i >>= 1;
         }
+        self.put(
+            i,
+            Bucket {
+                used,
+                acquired,
+                used_ordinal: ordinal,
+            },
+        );
+    }
+
+    /// Folds `now` into bucket `i` (below the cap), as [`Bucket::max`] folds.
+    #[inline]
+    fn put(&mut self, i: usize, now: Bucket) {
         if i >= self.buckets.len() {
             self.buckets.resize(i + 1, None);
         }
-        let now = Bucket {
-            used,
-            acquired,
-            used_ordinal: ordinal,
-        };
         let b = &mut self.buckets[i];
         *b = Some(match *b {
             Some(b) => b.max(now),
@@ -1077,19 +1085,12 @@ impl Timeline {
                 let d = &mut tl.series;
                 for (i, b) in w.all_buckets() {
                     let i = usize::try_from(*i).ok().filter(|&i| i < d.cap)?;
-                    if i >= d.buckets.len() {
-                        d.buckets.resize(i + 1, None);
-                    }
                     let now = Bucket {
                         used: used(b.used)?,
                         acquired: acquired(b.acquired)?,
                         used_ordinal: tl.ordinal + b.used_ordinal,
                     };
-                    let slot = &mut d.buckets[i];
-                    *slot = Some(match *slot {
-                        Some(b) => b.max(now),
-                        None => now,
-                    });
+                    d.put(i, now);
                 }
             }
             tl.used = used(w.used)?;
