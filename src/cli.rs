@@ -79,9 +79,13 @@ enum Command {
     /// functions (LinearFunction, ReLU, SoftmaxCrossEntropy, Accuracy) are scoped forward and
     /// backward, epochs are marked. Then prints the report of the trace it wrote.
     Demo {
-        /// Where to write the trace.
+        /// Where to write the trace (and, beside it, the .svg flamegraph and the .html report).
         #[arg(long, default_value = "demo.pstrace")]
         out: PathBuf,
+        /// Replace the trace if it exists (as a new file: a reader of the old one keeps it
+        /// whole). Without it an existing file is an error; one being recorded always is.
+        #[arg(long)]
+        force: bool,
         /// Training epochs.
         #[arg(long, default_value_t = 3)]
         epochs: u32,
@@ -462,6 +466,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Demo {
             out: path,
+            force,
             epochs,
             device,
             hidden,
@@ -479,6 +484,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 steps_per_epoch,
                 eval_batches,
                 eval_batch: eval_batch as usize,
+                overwrite: force,
                 ..DemoOptions::default()
             };
             let started = std::time::Instant::now();

@@ -94,6 +94,8 @@ pub struct DemoOptions {
     pub host_capacity: u64,
     /// Exact heap bytes when [`CountingAllocator`] is the global allocator, else RSS.
     pub cpu_source: CpuSource,
+    /// Replace `out` when it exists (never while another recording writes it).
+    pub overwrite: bool,
 }
 
 impl Default for DemoOptions {
@@ -117,6 +119,7 @@ impl Default for DemoOptions {
             } else {
                 CpuSource::Rss
             },
+            overwrite: false,
         }
     }
 }
@@ -201,6 +204,7 @@ pub fn run(opts: &DemoOptions) -> Result<DemoOutcome, DemoError> {
     let pool = MemoryPool::new(device);
     let config = RecorderConfig {
         cpu_source: opts.cpu_source,
+        overwrite: opts.overwrite,
         ..RecorderConfig::default()
     };
     let recorder = Recorder::create(&opts.out, config)?;

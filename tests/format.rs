@@ -457,11 +457,11 @@ fn foreign_and_future_files_are_refused_clearly() {
     let msg = Trace::open(&path).err().unwrap().to_string();
     assert!(msg.contains("not a poolsight trace"), "{msg}");
 
-    let mut bytes = small_trace(&path);
+    let mut bytes = small_trace(&tmp("future.pstrace"));
     bytes[8] = 9; // major version 9
     std::fs::write(&path, &bytes).unwrap();
     let msg = Trace::open(&path).err().unwrap().to_string();
-    assert!(msg.contains("format 9.2 is not supported"), "{msg}");
+    assert!(msg.contains("format 9.3 is not supported"), "{msg}");
 
     let missing = Trace::open(tmp("does-not-exist.pstrace"))
         .err()
@@ -774,7 +774,7 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     std::fs::write(&future, &bytes).unwrap();
     for (path, needle) in [
         (&foreign, "not a poolsight trace"),
-        (&future, "format 2.2 is not supported"),
+        (&future, "format 2.3 is not supported"),
     ] {
         let out = std::process::Command::new(bin)
             .arg("info")

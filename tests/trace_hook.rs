@@ -318,7 +318,7 @@ fn a_trace_hook_beside_another_hook_records_the_same_events() {
     }
     let _g = global_lock();
     for pre in [false, true] {
-        let (rec, pool) = setup("hook-beside", 1 << 20);
+        let (rec, pool) = setup(&format!("hook-beside-{pre}"), 1 << 20);
         let path = rec.path();
         {
             let _other = poolsight::pool::hooks::register(Arc::new(Quiet));

@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::csv::to_csv;
 use crate::names::FrameKind;
 use crate::render::{bytes_in, choose_byte_unit, right_aligned, BYTE_UNITS};
-use crate::replay::{Profile, Seen, NEVER};
+use crate::replay::{Profile, Raised, Seen, NEVER};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FunctionRow {
@@ -42,57 +42,99 @@ pub struct Functions {
     pub functions: Vec<FunctionRow>,
 }
 
+/// One function's row while the tree is walked.
+struct Acc {
+    row: FunctionRow,
+    first_exit: Seen,
+    first_mem: Seen,
+    /// What its calls that raised allocated: left out of the row at the end.
+    raised: Raised,
+    /// Exclusive bytes of raising calls of functions inside it: added at the end.
+    inherited: (u64, u64),
+}
+
 pub fn functions(p: &Profile) -> Functions {
     let tree = &p.tree;
-    // name -> (row, first exit, first malloc)
-    let mut rows: HashMap<&str, (FunctionRow, Seen, Seen)> = HashMap::new();
+    let mut rows: HashMap<&str, Acc> = HashMap::new();
     // Innermost enclosing function of each node (in DFS order parents come first).
     let mut innermost: Vec<Option<usize>> = vec![None; tree.nodes.len()];
     for (i, n) in tree.nodes.iter().enumerate().skip(1) {
         let is_fn = n.frame.kind == FrameKind::Function;
         innermost[i] = if is_fn { Some(i) } else { innermost[n.parent] };
         if is_fn {
-            let e = rows.entry(&n.frame.name).or_insert_with(|| {
-                (
-                    FunctionRow {
-                        name: n.frame.name.to_string(),
-                        used_bytes: 0,
-                        acquired_bytes: 0,
-                        occurrence: 0,
-                        self_used_bytes: 0,
-                        self_acquired_bytes: 0,
-                        failed_used_bytes: 0,
-                        failed_acquired_bytes: 0,
-                    },
-                    NEVER,
-                    NEVER,
-                )
+            let e = rows.entry(&n.frame.name).or_insert_with(|| Acc {
+                row: FunctionRow {
+                    name: n.frame.name.to_string(),
+                    ..FunctionRow::default()
+                },
+                first_exit: NEVER,
+                first_mem: NEVER,
+                raised: Raised::default(),
+                inherited: (0, 0),
             });
-            e.0.used_bytes = e.0.used_bytes.saturating_add(n.total.used_bytes);
-            e.0.acquired_bytes = e.0.acquired_bytes.saturating_add(n.total.acquired_bytes);
-            e.0.failed_used_bytes =
-                e.0.failed_used_bytes
-                    .saturating_add(n.total.failed_used_bytes);
-            e.0.failed_acquired_bytes =
-                e.0.failed_acquired_bytes
-                    .saturating_add(n.total.failed_acquired_bytes);
-            e.0.occurrence += n.agg.calls;
-            e.1 = e.1.min(n.agg.first_exit);
-            e.2 = e.2.min(n.total.first_mem);
+            let row = &mut e.row;
+            row.used_bytes = row.used_bytes.saturating_add(n.total.used_bytes);
+            row.acquired_bytes = row.acquired_bytes.saturating_add(n.total.acquired_bytes);
+            row.failed_used_bytes = row
+                .failed_used_bytes
+                .saturating_add(n.total.failed_used_bytes);
+            row.failed_acquired_bytes = row
+                .failed_acquired_bytes
+                .saturating_add(n.total.failed_acquired_bytes);
+            row.occurrence += n.agg.calls;
+            e.first_exit = e.first_exit.min(n.agg.first_exit);
+            e.first_mem = e.first_mem.min(n.total.first_mem);
+            // Calls that raised are not calls: what they allocated leaves this row (it stays
+            // in the rows of the calls around them), and their exclusive bytes go to the
+            // innermost function around them, as if the raising call had never been hooked.
+            let r = n.agg.raised;
+            e.raised.add(&r);
+            if let Some(outer) = innermost[n.parent] {
+                let name: &str = &tree.nodes[outer].frame.name;
+                if let Some(o) = rows.get_mut(name) {
+                    o.inherited.0 = o.inherited.0.saturating_add(r.self_used_bytes);
+                    o.inherited.1 = o.inherited.1.saturating_add(r.self_acquired_bytes);
+                }
+            }
         }
         if let Some(f) = innermost[i] {
             let name: &str = &tree.nodes[f].frame.name;
             if let Some(e) = rows.get_mut(name) {
-                e.0.self_used_bytes = e.0.self_used_bytes.saturating_add(n.agg.used_bytes);
-                e.0.self_acquired_bytes =
-                    e.0.self_acquired_bytes.saturating_add(n.agg.acquired_bytes);
+                e.row.self_used_bytes = e.row.self_used_bytes.saturating_add(n.agg.used_bytes);
+                e.row.self_acquired_bytes = e
+                    .row
+                    .self_acquired_bytes
+                    .saturating_add(n.agg.acquired_bytes);
             }
         }
     }
-    let mut rows: Vec<_> = rows.into_values().collect();
-    rows.sort_by(|a, b| (a.1, a.2, &a.0.name).cmp(&(b.1, b.2, &b.0.name)));
+    // A function none of whose calls returned has no row: Chainer appends a call to its
+    // history when it returns (a trace cut inside a call, or a call that raised).
+    let mut rows: Vec<Acc> = rows
+        .into_values()
+        .filter(|a| a.row.occurrence > 0)
+        .map(|mut a| {
+            let (r, row) = (&a.raised, &mut a.row);
+            row.used_bytes = row.used_bytes.saturating_sub(r.used_bytes);
+            row.acquired_bytes = row.acquired_bytes.saturating_sub(r.acquired_bytes);
+            row.failed_used_bytes = row.failed_used_bytes.saturating_sub(r.failed_used_bytes);
+            row.failed_acquired_bytes = row
+                .failed_acquired_bytes
+                .saturating_sub(r.failed_acquired_bytes);
+            row.self_used_bytes = (row.self_used_bytes.saturating_sub(r.self_used_bytes))
+                .saturating_add(a.inherited.0);
+            row.self_acquired_bytes = (row
+                .self_acquired_bytes
+                .saturating_sub(r.self_acquired_bytes))
+            .saturating_add(a.inherited.1);
+            a
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        (a.first_exit, a.first_mem, &a.row.name).cmp(&(b.first_exit, b.first_mem, &b.row.name))
+    });
     Functions {
-        functions: rows.into_iter().map(|r| r.0).collect(),
+        functions: rows.into_iter().map(|a| a.row).collect(),
     }
 }
 

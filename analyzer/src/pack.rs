@@ -63,6 +63,8 @@ pub enum PackError {
     },
     #[error("{} is the trace being packed: write the packed trace to another file", path.display())]
     SameFile { path: PathBuf },
+    #[error("{} is being recorded: write the packed trace to another file", path.display())]
+    Recording { path: PathBuf },
     /// The trace to pack could not be opened (see [`pack_file`]).
     #[error(transparent)]
     Read(#[from] ReadError),
@@ -103,6 +105,12 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
         if a == b {
             return Err(PackError::SameFile { path: b });
         }
+    }
+    // Renaming over a file being recorded would take the recording's name from it.
+    if std::fs::File::open(out).is_ok_and(|f| poolsight_schema::lock::is_being_recorded(&f)) {
+        return Err(PackError::Recording {
+            path: out.to_path_buf(),
+        });
     }
     let tmp = {
         let mut p = out.as_os_str().to_owned();

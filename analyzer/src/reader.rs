@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use memmap2::Mmap;
+use poolsight_schema::lock;
 use poolsight_schema::{
     align8, chunk_crc, crc_covers_size_prefix, fb, header_crc, meta_offset, Prelude, PreludeError,
     HEADER_CRC_LEN, HEADER_CRC_MINOR, PRELUDE_LEN,
@@ -176,6 +177,11 @@ impl fmt::Display for Warning {
 pub struct Trace {
     pub path: PathBuf,
     map: Mmap,
+    /// Holds the reading lock for as long as `map` lives (see `map_file`).
+    _file: File,
+    /// A recorder held the file when it was opened: a trace without a sealed footer is then
+    /// still being written, not killed.
+    pub recording: bool,
     pub header: Header,
     /// Verified chunks in the order they were reserved (`seq`).
     pub chunks: Vec<ChunkInfo>,
@@ -273,7 +279,7 @@ const VERIFIER: flatbuffers::VerifierOptions = flatbuffers::VerifierOptions {
 impl Trace {
     pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
         let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, &file, map, false)
+        Self::from_map(path, file, map, false)
     }
 
     /// [`Trace::open`], except that the checksums of sealed event chunks are not checked here
@@ -286,7 +292,7 @@ impl Trace {
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
         let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, &file, map, true)
+        Self::from_map(path, file, map, true)
     }
 
     /// Checks a chunk's deferred checksum (nothing for a chunk whose checksum was checked at
@@ -318,7 +324,7 @@ impl Trace {
             .all(|(c, ok)| !c.crc_deferred || ok.load(Ordering::Relaxed))
     }
 
-    fn from_map(path: PathBuf, file: &File, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
+    fn from_map(path: PathBuf, file: File, map: Mmap, deferred: bool) -> Result<Trace, ReadError> {
         let data: &[u8] = &map;
         let prelude = Prelude::decode(data).map_err(|source| ReadError::Prelude {
             path: path.clone(),
@@ -334,7 +340,7 @@ impl Trace {
         })?;
         let spans = walk(
             &map,
-            file,
+            &file,
             prelude.data_offset as u64,
             &header,
             &mut warnings,
@@ -371,9 +377,12 @@ impl Trace {
             }
         }
         chunks.sort_by_key(|c| (c.seq, c.offset));
+        let recording = lock::is_being_recorded(&file);
         let mut trace = Trace {
             path,
             map,
+            _file: file,
+            recording,
             header,
             chunks,
             defs: Defs::default(),
@@ -1040,17 +1049,31 @@ fn next_nonzero_word(data: &[u8], from: u64) -> Option<u64> {
 }
 
 /// The file mapped read-only.
+///
+/// The file is locked for reading first (poolsight_schema::lock), and stays locked while the
+/// returned `File` is open: a recorder finishing it meanwhile does not trim the file under the
+/// mapping, which would kill this process with SIGBUS; a second recording never truncates a
+/// file, it replaces it with a new one.
 fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
     let io = |source| ReadError::Io {
         path: path.to_path_buf(),
         source,
     };
     let file = File::open(path).map_err(io)?;
-    // SAFETY: the mapping is read-only; if another process truncates the file meanwhile we
-    // may fault, as every mmap-based reader may; traces are not analyzed while rewritten.
+    if lock::lock_reading(&file, READ_LOCK_PATIENCE).map_err(io)? == lock::Taken::Busy {
+        return Err(io(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "its recorder is finishing it right now; try again in a moment",
+        )));
+    }
+    // SAFETY: the mapping is read-only, and with the reading lock held no poolsight process
+    // shortens the file (see above); a program that is not poolsight could still truncate it.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
     Ok((path.to_path_buf(), file, map))
 }
+
+/// How long an open waits for a finishing recorder's trim (a few ms at most).
+const READ_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whether a chunk's checksum holds (by the rule of the file's format minor version).
 fn crc_holds(buf: &[u8], meta: &fb::ChunkMeta, minor: u16) -> bool {

@@ -61,6 +61,9 @@ typedef struct {
   int64_t rank;
   // Number of processes of the job, or -1.
   int64_t world_size;
+  // 1: replace a file already at the path (as a new file; never one being recorded).
+  // 0 (the default): an existing file is an error.
+  uint32_t overwrite;
 } PsConfig;
 
 // An open scope, from `ps_scope_enter` for `ps_scope_exit`. Opaque: copy it, store it,
@@ -84,7 +87,8 @@ const char *ps_last_error(void);
 void ps_config_default(PsConfig *out);
 
 // Creates the trace file `path` and starts recording. `config` may be NULL (the defaults).
-// Returns NULL on failure (see `ps_last_error`).
+// Returns NULL on failure (see `ps_last_error`): among others when `path` exists (unless
+// `config->overwrite`) or another recording writes it.
 //
 // # Safety
 // `path` is a NUL-terminated string; `config` is NULL or points to a `PsConfig`.
@@ -123,6 +127,14 @@ int ps_scope_enter(const PsRecorder *rec,
 // # Safety
 // `rec` is a live recorder.
 int ps_scope_exit(const PsRecorder *rec, PsScopeToken token);
+
+// Closes the scope of `token` as a call that did not complete (it failed, raised, or was
+// cancelled): it is not counted as a call of its function (no row, no occurrence, no time),
+// and what it allocated stays with the calls around it. Returns 0, or -1 as `ps_scope_exit`.
+//
+// # Safety
+// `rec` is a live recorder.
+int ps_scope_abort(const PsRecorder *rec, PsScopeToken token);
 
 // Marks the beginning of epoch `epoch`, with the CPU bytes in use then (0 if unknown).
 //

@@ -65,6 +65,9 @@ pub struct PsConfig {
     pub rank: i64,
     /// Number of processes of the job, or -1.
     pub world_size: i64,
+    /// 1: replace a file already at the path (as a new file; never one being recorded).
+    /// 0 (the default): an existing file is an error.
+    pub overwrite: u32,
 }
 
 thread_local! {
@@ -141,6 +144,7 @@ pub unsafe extern "C" fn ps_config_default(out: *mut PsConfig) {
             max_bytes: d.max_bytes,
             rank: -1,
             world_size: -1,
+            overwrite: 0,
         };
     }
 }
@@ -170,12 +174,18 @@ fn config(c: &PsConfig) -> Result<RecorderConfig, SessionError> {
         max_bytes: c.max_bytes,
         rank: opt(c.rank, "rank")?,
         world_size: opt(c.world_size, "world_size")?,
+        overwrite: match c.overwrite {
+            0 => false,
+            1 => true,
+            other => return Err(invalid(&format!("overwrite {other} is neither 0 nor 1"))),
+        },
         ..RecorderConfig::default()
     })
 }
 
 /// Creates the trace file `path` and starts recording. `config` may be NULL (the defaults).
-/// Returns NULL on failure (see `ps_last_error`).
+/// Returns NULL on failure (see `ps_last_error`): among others when `path` exists (unless
+/// `config->overwrite`) or another recording writes it.
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `config` is NULL or points to a `PsConfig`.
@@ -281,6 +291,22 @@ pub unsafe extern "C" fn ps_scope_exit(rec: *const PsRecorder, token: PsScopeTok
         recorder(rec)?
             .session
             .exit(ScopeToken::from_words(token.opaque))?;
+        Ok(0)
+    })
+}
+
+/// Closes the scope of `token` as a call that did not complete (it failed, raised, or was
+/// cancelled): it is not counted as a call of its function (no row, no occurrence, no time),
+/// and what it allocated stays with the calls around it. Returns 0, or -1 as `ps_scope_exit`.
+///
+/// # Safety
+/// `rec` is a live recorder.
+#[no_mangle]
+pub unsafe extern "C" fn ps_scope_abort(rec: *const PsRecorder, token: PsScopeToken) -> c_int {
+    guard(-1, || {
+        recorder(rec)?
+            .session
+            .abort(ScopeToken::from_words(token.opaque))?;
         Ok(0)
     })
 }

@@ -108,6 +108,14 @@ impl Session {
             .map_err(|e| SessionError::Invalid(e.to_string()))
     }
 
+    /// Closes a scope opened by [`Session::enter`] whose call raised: not a completed call
+    /// (see [`Handle::abort`]).
+    pub fn abort(&self, token: ScopeToken) -> Result<(), SessionError> {
+        self.handle()?
+            .abort(token)
+            .map_err(|e| SessionError::Invalid(e.to_string()))
+    }
+
     pub fn epoch_begin(&self, epoch: u32, cpu_bytes: u64) -> Result<(), SessionError> {
         self.handle()?
             .record_mark(MarkKind::EpochBegin, epoch, cpu_bytes, 0);

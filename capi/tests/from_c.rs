@@ -54,7 +54,12 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
         }
     }
     let trace = tmp.join("smoke.pstrace");
-    let out = Command::new(&exe).arg(&trace).output().expect("run smoke");
+    let second = tmp.join("second.pstrace");
+    let out = Command::new(&exe)
+        .arg(&trace)
+        .arg(&second)
+        .output()
+        .expect("run smoke");
     assert!(
         out.status.success(),
         "smoke failed: {}",
@@ -74,5 +79,17 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
     // The failed 1 GiB request counts too, as Chainer counts requests, and is also shown apart.
     assert_eq!(linear.used_bytes, 1024 + 2048 + (1 << 30));
     assert_eq!(linear.failed_used_bytes, 1 << 30);
+    // The call closed by ps_scope_abort is not an occurrence, nor are its 8192 bytes.
     assert_eq!(linear.occurrence, 1);
+
+    // The second recording saw its own pool only: one malloc of 4096 and its free.
+    let t2 = Trace::open(&second).expect("the second trace opens");
+    let p2 = replay(&t2, 0, &ReplayOptions::default());
+    assert_eq!(p2.tree.root().total.mallocs, 1);
+    assert_eq!(p2.tree.root().total.used_bytes, 4096);
+    assert_eq!(
+        profile.tree.root().total.mallocs,
+        4,
+        "1000, 2000, 1 GiB, 8192"
+    );
 }

@@ -1,6 +1,7 @@
 /* Records a small training-like run through the C ABI: a link and a function scope, pool
- * allocations with a caller-given stack, an epoch. Exits non-zero, naming the call, on any
- * failure. Usage: smoke TRACE_PATH */
+ * allocations with a caller-given stack, an epoch, a call that fails; meanwhile a second
+ * recording with a pool of its own. Exits non-zero, naming the call, on any failure.
+ * Usage: smoke TRACE_PATH SECOND_TRACE_PATH */
 #include <stdio.h>
 #include <string.h>
 
@@ -15,8 +16,8 @@
   } while (0)
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: smoke TRACE\n");
+  if (argc != 3) {
+    fprintf(stderr, "usage: smoke TRACE SECOND_TRACE\n");
     return 2;
   }
   PsConfig config;
@@ -32,8 +33,22 @@ int main(int argc, char **argv) {
   PsScopeToken bad;
   CHECK(ps_scope_enter(rec, 99, "x", PS_PHASE_NONE, NULL, 0, &bad) == -1, "bad kind refusal");
 
+  /* One recording per file: a second one on the same path is refused, naming this process. */
+  CHECK(ps_recorder_create(argv[1], NULL) == NULL, "a second recording of the same file");
+  CHECK(strstr(ps_last_error(), "is being recorded by this process") != NULL,
+        "the busy file's message");
+
   PsPool *pool = ps_pool_create_host(rec, 0, 1 << 20);
   CHECK(pool != NULL, "ps_pool_create_host");
+
+  /* A second recording with its own pool, at the same time: each trace gets its own pool's
+   * events only. */
+  PsRecorder *other = ps_recorder_create(argv[2], NULL);
+  CHECK(other != NULL, "ps_recorder_create(second)");
+  PsPool *other_pool = ps_pool_create_host(other, 0, 1 << 20);
+  CHECK(other_pool != NULL, "ps_pool_create_host(second)");
+  uint64_t o = ps_pool_malloc(other_pool, 4096, 0, 0);
+  CHECK(o != 0, "ps_pool_malloc(second)");
 
   CHECK(ps_epoch_begin(rec, 1, 0) == 0, "ps_epoch_begin");
   PsScopeToken link, fn;
@@ -61,10 +76,24 @@ int main(int argc, char **argv) {
 
   CHECK(ps_scope_exit(rec, fn) == 0, "ps_scope_exit(function)");
   CHECK(ps_scope_exit(rec, fn) == -1, "a second exit is refused");
+
+  /* A call that fails: not a call of LinearFunction (no occurrence, no bytes of its row). */
+  PsScopeToken failing;
+  CHECK(ps_scope_enter(rec, PS_SCOPE_FUNCTION, "LinearFunction", PS_PHASE_FORWARD, "model.c", 11,
+                       &failing) == 0,
+        "ps_scope_enter(failing)");
+  uint64_t c = ps_pool_malloc(pool, 8192, 0, 0);
+  CHECK(c != 0, "ps_pool_malloc(8192)");
+  CHECK(ps_pool_free(pool, c) == 0, "ps_pool_free(c)");
+  CHECK(ps_scope_abort(rec, failing) == 0, "ps_scope_abort");
+  CHECK(ps_scope_abort(rec, failing) == -1, "a second close is refused");
   CHECK(ps_scope_exit(rec, link) == 0, "ps_scope_exit(link)");
   CHECK(ps_epoch_end(rec, 1, 0, 0) == 0, "ps_epoch_end");
   CHECK(ps_recorder_dropped_events(rec) == 0, "no dropped events");
   ps_pool_destroy(pool);
   CHECK(ps_recorder_finish(rec) == 0, "ps_recorder_finish");
+  CHECK(ps_pool_free(other_pool, o) == 0, "ps_pool_free(second)");
+  ps_pool_destroy(other_pool);
+  CHECK(ps_recorder_finish(other) == 0, "ps_recorder_finish(second)");
   return 0;
 }

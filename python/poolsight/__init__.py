@@ -85,7 +85,9 @@ class Scope:
 
     As a context manager it is one scope; as a decorator every call of the function is one
     scope. Scopes nest per thread, as Chainer's hooks do: what is allocated inside a scope is
-    attributed to it and to every scope around it.
+    attributed to it and to every scope around it. A block or call left by an exception is
+    not a completed call: it makes no row, occurrence or time of its own (its allocations
+    count for the scopes around it), as Chainer's hooks never see a raising call return.
     """
 
     __slots__ = ("_guard", "_rec", "_kind", "_name", "_phase", "_file", "_line")
@@ -117,9 +119,13 @@ class Scope:
         def scoped(*args: Any, **kwargs: Any) -> Any:
             token = enter()
             try:
-                return fn(*args, **kwargs)
-            finally:
-                exit_(token)
+                out = fn(*args, **kwargs)
+            except BaseException:
+                # A call that raised is not a call (no row, no time), as in Chainer's hooks.
+                exit_(token, True)
+                raise
+            exit_(token)
+            return out
 
         return scoped
 
@@ -281,8 +287,14 @@ def record(
     world_size: int | None = None,
     pack: str | os.PathLike[str] | bool | None = None,
     pack_level: int | None = None,
+    overwrite: bool = False,
 ) -> Recording:
     """Opens a trace file for recording; use it as ``with poolsight.record(path) as rec:``.
+
+    One recording per file: a ``path`` that exists raises :class:`PoolsightError`, unless
+    ``overwrite=True``, and then the new recording is a new file that replaces it (whoever
+    reads the old one keeps reading it whole). A file another recording is writing, in this
+    process or another, is always refused, with that process's id.
 
     - ``mode``: ``"grow"`` (lossless; the file grows) or ``"ring"`` (a flight recorder:
       ``ring_slots`` chunks of ``chunk_size`` bytes, the oldest overwritten).
@@ -311,6 +323,8 @@ def record(
         raise ValueError(f"max_depth must be an int >= 0, not {max_depth!r}")
     if pack_level is not None:
         _check_level(pack_level)
+    if not isinstance(overwrite, bool):
+        raise TypeError(f"overwrite is True or False, not {overwrite!r}")
     target = None if pack is None else _pack_target(os.fspath(path), pack)
     native = _native.Recorder(
         os.fspath(path),
@@ -322,6 +336,7 @@ def record(
         world_size=world_size,
         cpu_source="none" if cpu is None else "rss",
         command_line=list(sys.argv),
+        overwrite=overwrite,
     )
     rec = Recording(native, stacks, max_depth, cpu or "none", target, pack_level)
     _active.append(rec)

@@ -69,7 +69,8 @@ impl Recorder {
 impl Recorder {
     #[new]
     #[pyo3(signature = (path, *, mode="grow", ring_slots=1024, chunk_size=65536, max_bytes=None,
-                        rank=None, world_size=None, cpu_source="none", command_line=None))]
+                        rank=None, world_size=None, cpu_source="none", command_line=None,
+                        overwrite=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -82,6 +83,7 @@ impl Recorder {
         world_size: Option<u32>,
         cpu_source: &str,
         command_line: Option<Vec<String>>,
+        overwrite: bool,
     ) -> PyResult<Self> {
         let defaults = RecorderConfig::default();
         let config = RecorderConfig {
@@ -108,6 +110,7 @@ impl Recorder {
                 }
             },
             command_line,
+            overwrite,
             ..defaults
         };
         let session = py.detach(|| Session::create(path, config)).map_err(err)?;
@@ -174,6 +177,12 @@ impl Recorder {
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
     fn exit(&self, token: &Token) -> PyResult<()> {
         self.session.exit(token.0).map_err(err)
+    }
+
+    /// Closes the scope of ``token`` as a call that raised: not a call of its function (no
+    /// row, no occurrence, no time); nothing recorded later nests under it.
+    fn abort(&self, token: &Token) -> PyResult<()> {
+        self.session.abort(token.0).map_err(err)
     }
 
     /// Describes a device that ``mem`` events name by ``id``.
@@ -366,8 +375,14 @@ impl ScopeGuard {
             .map_err(err)
     }
 
-    fn close(&self, token: ScopeToken) -> PyResult<()> {
-        self.recorder.get().session.exit(token).map_err(err)
+    fn close(&self, token: ScopeToken, raised: bool) -> PyResult<()> {
+        let session = &self.recorder.get().session;
+        if raised {
+            session.abort(token)
+        } else {
+            session.exit(token)
+        }
+        .map_err(err)
     }
 }
 
@@ -383,8 +398,14 @@ impl ScopeGuard {
         Ok(slf)
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+    /// A block left by an exception closes its scope as a call that raised.
+    #[pyo3(signature = (exc_type=None, _exc=None, _tb=None))]
+    fn __exit__(
+        &self,
+        exc_type: Option<&Bound<'_, PyAny>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
         let me = std::thread::current().id();
         let token = {
             let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
@@ -394,7 +415,7 @@ impl ScopeGuard {
                 .map(|i| tokens.remove(i).1)
         };
         if let Some(token) = token {
-            self.close(token)?;
+            self.close(token, exc_type.is_some_and(|t| !t.is_none()))?;
         }
         Ok(false)
     }
@@ -404,9 +425,10 @@ impl ScopeGuard {
         Ok(Token(self.open()?))
     }
 
-    /// Closes the scope of ``token``.
-    fn exit(&self, token: &Token) -> PyResult<()> {
-        self.close(token.0)
+    /// Closes the scope of ``token``; ``raised``: its call did not complete.
+    #[pyo3(signature = (token, raised=false))]
+    fn exit(&self, token: &Token, raised: bool) -> PyResult<()> {
+        self.close(token.0, raised)
     }
 }
 

@@ -15,6 +15,25 @@ pub enum RecorderError {
     },
     #[error("invalid recorder configuration: {0}")]
     Config(String),
+    /// The path exists and replacing it was not asked for.
+    #[error(
+        "{} already exists; poolsight replaces a file only when asked (RecorderConfig::overwrite, \
+         overwrite=True in Python, --force on the command line), or record to another path",
+        path.display()
+    )]
+    Exists { path: PathBuf },
+    /// Another recording (in this process or another) is writing the file: a file takes one
+    /// recording at a time.
+    #[error(
+        "{} is being recorded by {}; a trace file takes one recording at a time: record to another path",
+        path.display(),
+        match pid {
+            Some(p) if *p == std::process::id() => format!("this process (pid {p})"),
+            Some(p) => format!("process {p}"),
+            None => "another recording".to_string(),
+        }
+    )]
+    Busy { path: PathBuf, pid: Option<u32> },
 }
 
 /// Why [`crate::Handle::exit`] refused a token. Nothing is recorded and no open scope is

@@ -41,6 +41,10 @@ pub enum MarkKind {
     EpochEnd = 1,
     /// `a` = CPU bytes in use.
     CpuSample = 2,
+    /// A scope closed by an exception, not a completed call: `aux` = its stack, `a` = the
+    /// ticks it opened at. Written by [`crate::Handle::abort`] and by guards dropped while
+    /// unwinding or marked failed.
+    ScopeAbort = 3,
 }
 
 /// What opened a frame of an interned stack.
@@ -140,6 +144,7 @@ mod tests {
             (MarkKind::EpochBegin, fb::MarkKind::EpochBegin),
             (MarkKind::EpochEnd, fb::MarkKind::EpochEnd),
             (MarkKind::CpuSample, fb::MarkKind::CpuSample),
+            (MarkKind::ScopeAbort, fb::MarkKind::ScopeAbort),
         ];
         for (ours, theirs) in marks {
             assert_eq!(fb::MarkKind::from(ours), theirs, "{ours:?}");

@@ -30,6 +30,16 @@
 //! recorder, is refused with a [`ScopeError`] and changes nothing. Stacks are also kept apart
 //! per recorder, since stack ids only mean something in the file they were interned in.
 //!
+//! # Calls that raise
+//!
+//! A scope whose call did not complete (it raised, panicked, or the caller says it failed) is
+//! closed by [`Handle::abort`], by a guard dropped while its thread unwinds from a panic, or by
+//! [`ScopeGuard::fail`]. It is popped like any scope, so nothing recorded afterwards nests
+//! under it, but it records a `ScopeAbort` mark instead of a scope event: it is not a call of
+//! its function (no row, no occurrence, no time), as Chainer's hooks never see the post hook
+//! of a call that raised. What it allocated meanwhile stays attributed to its stack, and the
+//! analyzer leaves it out of that function's row (the enclosing calls keep it).
+//!
 //! Scopes are meant to close in reverse order of opening. Closing an outer one first closes the
 //! scopes opened inside it too, as far as the stack is concerned: the next scope or allocation
 //! is attributed to the outer scope's parent. The inner scopes still record their own event
@@ -42,7 +52,7 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::ScopeError;
-use crate::kinds::{FrameKind, Phase, ScopeKind};
+use crate::kinds::{FrameKind, MarkKind, Phase, ScopeKind};
 use crate::writer::{now_ticks, Frame, Handle};
 
 /// The keys here are a few integers, for which SipHash's DoS resistance buys nothing and costs
@@ -587,17 +597,35 @@ impl std::fmt::Debug for ScopeGuard<'_> {
     }
 }
 
-impl Drop for ScopeGuard<'_> {
+impl ScopeGuard<'_> {
+    /// Closes the scope as a call that did not complete (its work failed): a `ScopeAbort`
+    /// mark instead of a scope event. A guard dropped while its thread unwinds from a panic
+    /// does the same by itself.
+    pub fn fail(mut self) {
+        self.close(true);
+    }
+
     #[inline]
-    fn drop(&mut self) {
-        let t = &self.token;
+    fn close(&mut self, failed: bool) {
+        let t = std::mem::replace(&mut self.token, CLOSED_TOKEN);
         if t.stack == 0 {
             return;
         }
         // A guard cannot be closed twice nor leave its thread, so its close cannot fail in a
         // way that matters: an orphan forgotten past MAX_ORPHANS still records its event.
         with_context(self.handle, |cx| cx.close(t.depth, t.serial));
-        self.handle.record_scope(t.stack, t.start);
+        if failed {
+            self.handle.record_abort(t.stack, t.start);
+        } else {
+            self.handle.record_scope(t.stack, t.start);
+        }
+    }
+}
+
+impl Drop for ScopeGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.close(std::thread::panicking());
     }
 }
 
@@ -674,8 +702,27 @@ impl Handle {
     /// nothing is recorded and the open scopes are untouched.
     #[inline]
     pub fn exit(&self, token: ScopeToken) -> Result<(), ScopeError> {
+        if self.pop(&token)? {
+            self.record_scope(token.stack, token.start);
+        }
+        Ok(())
+    }
+
+    /// Closes a scope opened by [`Handle::enter`] whose call did not complete (it raised):
+    /// popped as [`Handle::exit`] pops it, but recorded as a `ScopeAbort` mark, not as a call
+    /// (see the module documentation). Refuses the same tokens `exit` refuses.
+    pub fn abort(&self, token: ScopeToken) -> Result<(), ScopeError> {
+        if self.pop(&token)? {
+            self.record_abort(token.stack, token.start);
+        }
+        Ok(())
+    }
+
+    /// Pops `token`'s scope from this thread's stack; false for a token that opened nothing.
+    #[inline]
+    fn pop(&self, token: &ScopeToken) -> Result<bool, ScopeError> {
         if token.stack == 0 {
-            return Ok(());
+            return Ok(false);
         }
         if token.recorder != self.id() {
             return Err(ScopeError::OtherRecorder);
@@ -687,8 +734,13 @@ impl Handle {
             cx.close(token.depth, token.serial)
         })
         .unwrap_or(Err(ScopeError::OtherThread))?;
-        self.record_scope(token.stack, token.start);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Records that the scope `stack`, opened at `start_ticks`, closed without completing.
+    #[cold]
+    fn record_abort(&self, stack: u32, start_ticks: u64) {
+        self.record_mark(MarkKind::ScopeAbort, stack, start_ticks, 0);
     }
 
     /// The stack of scopes open on this thread for this recorder (0 when none): what a foreign
@@ -719,18 +771,21 @@ impl Handle {
     }
 }
 
+/// A token that opened nothing (stack 0): closing it records nothing.
+const CLOSED_TOKEN: ScopeToken = ScopeToken {
+    recorder: 0,
+    context: 0,
+    serial: 0,
+    start: 0,
+    stack: 0,
+    depth: 0,
+};
+
 /// Stamps the start time, read after the push so that interning on a cache miss is not billed
 /// to the scope. A scope that could not be opened gets an all-zero token (stack 0).
 #[inline]
 fn started(token: Option<ScopeToken>) -> ScopeToken {
-    let mut token = token.unwrap_or(ScopeToken {
-        recorder: 0,
-        context: 0,
-        serial: 0,
-        start: 0,
-        stack: 0,
-        depth: 0,
-    });
+    let mut token = token.unwrap_or(CLOSED_TOKEN);
     token.start = now_ticks();
     token
 }

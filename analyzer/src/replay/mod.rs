@@ -30,6 +30,7 @@
 
 mod ordered;
 mod profile;
+mod raised;
 mod stacks;
 mod windows;
 
@@ -41,8 +42,8 @@ use crate::reader::{ChunkKind, Trace};
 
 pub use ordered::Snapshot;
 pub use profile::{
-    signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Seen, Series, Source,
-    NEVER,
+    signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Raised, Seen, Series,
+    Source, NEVER,
 };
 
 /// What to compute beyond the always-computed figures.
@@ -178,7 +179,13 @@ fn assemble(
         p.fetch_add(mem_bytes(trace).saturating_sub(walked), Ordering::Relaxed);
     }
     let (events, last_ticks) = (stacks.events, stacks.last_ticks);
-    let tree = stacks::build_tree(trace, index, &stacks.into_map(), &live);
+    let tree = stacks::build_tree(
+        trace,
+        index,
+        &stacks.into_map(),
+        &live,
+        &raised::raised(trace),
+    );
     let end_ticks = trace.footer.map_or(last_ticks, |f| f.end_ticks);
     let source = Source {
         path: trace.path.display().to_string(),

@@ -72,6 +72,42 @@ pub struct Agg {
     pub first_exit: Seen,
     /// Bytes allocated here still live at the pool's peak (with `ReplayOptions::live_at_peak`).
     pub live_at_peak_bytes: u64,
+    /// Calls of this node's scope that raised, and what they allocated in the whole subtree
+    /// meanwhile (in a node's `total`, summed over the subtree's raised calls).
+    pub raised: Raised,
+}
+
+/// What the calls of one scope that did not complete (a `ScopeAbort` mark: they raised)
+/// allocated between their open and their close, nested calls included: the functions table
+/// leaves it out of that function's row, as Chainer never sees such a call return, while the
+/// enclosing calls keep it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Raised {
+    pub calls: u64,
+    pub used_bytes: u64,
+    pub acquired_bytes: u64,
+    pub failed_used_bytes: u64,
+    pub failed_acquired_bytes: u64,
+    /// Of the bytes: those no function inside the call allocated (its exclusive part), which
+    /// goes to the innermost function around it.
+    pub self_used_bytes: u64,
+    pub self_acquired_bytes: u64,
+}
+
+impl Raised {
+    pub fn add(&mut self, o: &Raised) {
+        self.calls += o.calls;
+        self.used_bytes = self.used_bytes.saturating_add(o.used_bytes);
+        self.acquired_bytes = self.acquired_bytes.saturating_add(o.acquired_bytes);
+        self.failed_used_bytes = self.failed_used_bytes.saturating_add(o.failed_used_bytes);
+        self.failed_acquired_bytes = self
+            .failed_acquired_bytes
+            .saturating_add(o.failed_acquired_bytes);
+        self.self_used_bytes = self.self_used_bytes.saturating_add(o.self_used_bytes);
+        self.self_acquired_bytes = self
+            .self_acquired_bytes
+            .saturating_add(o.self_acquired_bytes);
+    }
 }
 
 impl Default for Agg {
@@ -89,6 +125,7 @@ impl Default for Agg {
             first_mem: NEVER,
             first_exit: NEVER,
             live_at_peak_bytes: 0,
+            raised: Raised::default(),
         }
     }
 }
@@ -127,6 +164,7 @@ impl Agg {
         self.first_mem = self.first_mem.min(o.first_mem);
         self.first_exit = self.first_exit.min(o.first_exit);
         self.live_at_peak_bytes = self.live_at_peak_bytes.saturating_add(o.live_at_peak_bytes);
+        self.raised.add(&o.raised);
     }
 }
 

@@ -10,7 +10,7 @@ use poolsight_schema::fb;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::profile::{Agg, CallTree, Frame};
+use super::profile::{Agg, CallTree, Frame, Raised};
 use super::Units;
 use crate::names::{FrameKind, Phase};
 use crate::reader::{ChunkInfo, ChunkKind, Trace};
@@ -140,7 +140,7 @@ pub(super) fn fold_mem(
         events += 1;
         let ticks = base.wrapping_add(e.ts() as u64);
         last_ticks = ticks;
-        fold_mem_event(ticks, e, units, acc);
+        fold_mem_in_stack(ticks, e, units, acc);
     }
     acc.events += events;
     acc.last_ticks = acc.last_ticks.max(last_ticks);
@@ -149,14 +149,21 @@ pub(super) fn fold_mem(
 /// Folds one memory event (not a rebase) at `ticks` into its stack's counters ([`fold_mem`]
 /// counts it in [`PerStack::events`] and [`PerStack::last_ticks`]).
 #[inline]
-fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
+fn fold_mem_in_stack(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
+    if matches!(e.kind(), fb::MemKind::MallocPost | fb::MemKind::AllocPost) {
+        fold_mem_event(ticks, e, units, acc.slot(e.stack()));
+    }
+}
+
+/// Folds one memory event into `a`: what a stack's counters take of it.
+#[inline]
+pub(super) fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, a: &mut Agg) {
     match e.kind() {
         // Counted at the post event, which carries the request as the pre event did, plus
         // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
         // null pointer). Every request counts, as Chainer's and CuPy's pre hooks count it.
         fb::MemKind::MallocPost => {
             let size = units.mem_size(e.device(), e.bytes());
-            let a = acc.slot(e.stack());
             a.mallocs += 1;
             a.used_bytes = a.used_bytes.saturating_add(size);
             if e.ptr() == 0 && size > 0 {
@@ -166,7 +173,6 @@ fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStac
             a.first_mem = a.first_mem.min((0, ticks));
         }
         fb::MemKind::AllocPost => {
-            let a = acc.slot(e.stack());
             a.allocs += 1;
             a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
             if e.ptr() == 0 {
@@ -221,13 +227,19 @@ pub(super) fn build_tree(
     index: u32,
     aggs: &FxHashMap<u32, Agg>,
     live: &HashMap<u32, u64>,
+    raised: &FxHashMap<u32, Raised>,
 ) -> CallTree {
     let mut tree = CallTree::default();
     let mut node_of: HashMap<u32, usize> = HashMap::new();
     node_of.insert(0, 0);
     let mut depth = vec![0];
     // Sorted ids make the tree's construction order, hence its output, deterministic.
-    let mut ids: Vec<u32> = aggs.keys().chain(live.keys()).copied().collect();
+    let mut ids: Vec<u32> = aggs
+        .keys()
+        .chain(live.keys())
+        .chain(raised.keys())
+        .copied()
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     for id in ids {
@@ -235,6 +247,7 @@ pub(super) fn build_tree(
         let a = aggs.get(&id).copied().unwrap_or_default();
         tree.nodes[node].agg.add(&Agg {
             live_at_peak_bytes: live.get(&id).copied().unwrap_or(0),
+            raised: raised.get(&id).copied().unwrap_or_default(),
             ..a.in_ns(trace, index)
         });
     }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
 use memmap2::{MmapOptions, MmapRaw};
+use poolsight_schema::lock::{self, Taken};
 
 use super::prepare::{Populate, Signal, AHEAD};
 use crate::RecorderError;
@@ -100,8 +101,9 @@ pub(crate) struct Region {
 }
 
 impl MappedFile {
-    /// Creates (truncating) the file and maps it. `fixed_len` bytes from offset 0 (prelude,
-    /// header, footer slot and the ring, if any) are preallocated at once. The file never grows
+    /// Creates the file, locked for this recording ([`open_new`]), and maps it. `fixed_len`
+    /// bytes from offset 0 (prelude, header, footer slot and the ring, if any) are
+    /// preallocated at once. The file never grows
     /// past `max_bytes` nor past the process's file size limit, and creating it fails when
     /// that cap leaves no room for the fixed part and one chunk of `chunk_len` bytes.
     pub fn create(
@@ -110,6 +112,7 @@ impl MappedFile {
         chunk_len: u64,
         ring: Option<(u64, u64, u64)>,
         max_bytes: u64,
+        overwrite: bool,
     ) -> Result<MappedFile, RecorderError> {
         let err = |what: &'static str, e: std::io::Error| RecorderError::Io {
             path: path.to_path_buf(),
@@ -138,17 +141,17 @@ impl MappedFile {
                     ),
                 ));
         }
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| err("create", e))?;
+        let NewFile { file, at } = open_new(path, overwrite)?;
+        let fail = |e: RecorderError| {
+            // Nothing of a recording that could not start is left behind: not the file made
+            // for it, and not a replaced file (replaced only once the new one stands).
+            let _ = std::fs::remove_file(&at);
+            e
+        };
         let map = MmapOptions::new()
             .len(max_bytes as usize)
             .map_raw(&file)
-            .map_err(|e| err("map", e))?;
+            .map_err(|e| fail(err("map", e)))?;
         let ring = ring.map(|(start, slot_len, slots)| Ring {
             start,
             slot_len,
@@ -173,7 +176,10 @@ impl MappedFile {
         };
         mapped
             .allocate(fixed_len + MIN_GROW_STEP.min(max_bytes - fixed_len))
-            .map_err(|e| err("preallocate", e))?;
+            .map_err(|e| fail(err("preallocate", e)))?;
+        if at != path {
+            std::fs::rename(&at, path).map_err(|e| fail(err("replace", e)))?;
+        }
         Ok(mapped)
     }
 
@@ -431,8 +437,19 @@ impl MappedFile {
         bump.min(self.committed.load(Ordering::Acquire))
     }
 
-    /// Flushes the mapping and trims the preallocated tail past `data_end`.
+    /// Flushes the mapping and trims the preallocated tail past `data_end` — unless a reader
+    /// maps the file (poolsight_schema::lock): cutting pages from under its mapping would
+    /// kill it with SIGBUS. The trim waits a moment for readers to go, then leaves the tail
+    /// (zeros past the footer's `data_end`, which readers skip) and says so.
+    ///
+    /// Then gives back the recording lock, whatever happened: the recording is over.
     pub fn sync_and_trim(&self, data_end: u64) -> std::io::Result<()> {
+        let done = self.sync_and_trim_locked(data_end);
+        lock::unlock_recording(&self.file);
+        done
+    }
+
+    fn sync_and_trim_locked(&self, data_end: u64) -> std::io::Result<()> {
         let committed = self.committed.load(Ordering::Acquire);
         let flush_len = data_end.min(committed) as usize;
         if flush_len > 0 {
@@ -440,11 +457,142 @@ impl MappedFile {
         }
         let _guard = self.grow_step.lock();
         if data_end < committed {
-            self.file.set_len(data_end)?;
-            self.committed.store(data_end, Ordering::Release);
+            if self.wait_for_readers()? {
+                let trimmed = self.file.set_len(data_end);
+                lock::end_trim(&self.file);
+                trimmed?;
+                self.committed.store(data_end, Ordering::Release);
+            } else {
+                eprintln!(
+                    "poolsight: {} is finished, but a reader had it open, so its preallocated \
+                     tail ({} bytes of zeros past the data) was left in place",
+                    self.path.display(),
+                    committed - data_end
+                );
+            }
         }
         self.file.sync_data()
     }
+
+    /// Takes the trim lock, trying for up to [`TRIM_PATIENCE`]; false if readers still hold
+    /// the file then.
+    fn wait_for_readers(&self) -> std::io::Result<bool> {
+        let start = std::time::Instant::now();
+        loop {
+            match lock::begin_trim(&self.file)? {
+                Taken::Yes => return Ok(true),
+                Taken::Busy if start.elapsed() >= TRIM_PATIENCE => return Ok(false),
+                Taken::Busy => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        }
+    }
+}
+
+/// How long a finishing recorder waits for readers to let go before it leaves the file's tail.
+const TRIM_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A file made for one recording, locked for it ([`open_new`]).
+struct NewFile {
+    file: File,
+    /// Where it was made: the trace's path, or a name beside it when it is to replace a file
+    /// there (renamed over it once the recording has started).
+    at: PathBuf,
+}
+
+/// Makes a new file for one recording at `path` and takes its recording lock
+/// (poolsight_schema::lock), so that no second recording can truncate it under this one's
+/// mapping, in this process or another.
+///
+/// - No file there: it is created (`O_EXCL`: a racing creator gets the case below).
+/// - A file being recorded: refused, naming the holder's pid from its header.
+/// - Any other file: refused unless `overwrite`; then the new recording is a new file (new
+///   inode), made beside it and renamed over it, so that whoever reads the old one (a report,
+///   `tail`, an upload) keeps reading it whole.
+fn open_new(path: &Path, overwrite: bool) -> Result<NewFile, RecorderError> {
+    let io = |what: &'static str| {
+        move |e: std::io::Error| RecorderError::Io {
+            path: path.to_path_buf(),
+            what,
+            source: e,
+        }
+    };
+    let busy = || RecorderError::Busy {
+        path: path.to_path_buf(),
+        pid: holder_pid(path),
+    };
+    let create = |at: &Path| -> Result<Option<NewFile>, RecorderError> {
+        let file = match File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(at)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+            Err(e) => return Err(io("create")(e)),
+        };
+        let new = NewFile {
+            file,
+            at: at.to_path_buf(),
+        };
+        match lock::lock_recording(&new.file) {
+            Ok(Taken::Yes) => Ok(Some(new)),
+            // Someone opened the file just made and locked it first.
+            Ok(Taken::Busy) => Err(busy()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&new.at);
+                Err(io("lock")(e))
+            }
+        }
+    };
+    // A file that appears or vanishes between two steps starts the decision again.
+    for _ in 0..8 {
+        if let Some(new) = create(path)? {
+            return Ok(new);
+        }
+        let old = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("open the existing")(e)),
+        };
+        if lock::is_being_recorded(&old) {
+            return Err(busy());
+        }
+        if !overwrite {
+            return Err(RecorderError::Exists {
+                path: path.to_path_buf(),
+            });
+        }
+        if let Some(new) = create(&sibling(path))? {
+            return Ok(new);
+        }
+    }
+    Err(busy())
+}
+
+/// A new name in `path`'s folder for the file that will replace it.
+fn sibling(path: &Path) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map_or_else(|| "trace".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(
+        ".{name}.{}.{}.new",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// The pid in the header of the trace at `path`, to name who records it.
+fn holder_pid(path: &Path) -> Option<u32> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    File::open(path)
+        .ok()?
+        .take(1 << 16)
+        .read_to_end(&mut head)
+        .ok()?;
+    lock::header_pid(&head)
 }
 
 /// Allocates the file's blocks in `[from, to)`, growing the file to `to`.

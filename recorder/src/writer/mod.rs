@@ -71,6 +71,10 @@ pub struct RecorderConfig {
     pub command_line: Option<Vec<String>>,
     /// How long to measure the clock rate at start (the footer adds a second point).
     pub calibration: Duration,
+    /// Replace a file already at the path (never one being recorded). Off by default: an
+    /// existing file is an error. The new recording is a new file renamed over the old one, so
+    /// a reader of the old file keeps reading it.
+    pub overwrite: bool,
 }
 
 impl Default for RecorderConfig {
@@ -85,6 +89,7 @@ impl Default for RecorderConfig {
             cpu_source: CpuSource::None,
             command_line: None,
             calibration: Duration::from_millis(10),
+            overwrite: false,
         }
     }
 }
@@ -151,8 +156,10 @@ pub struct Handle {
 }
 
 impl Recorder {
-    /// Creates (or truncates) `path` and writes the header. Fails with a clear error when the
-    /// file cannot be created, mapped or preallocated — never later, in the middle of training.
+    /// Creates `path` and writes the header. Fails with a clear error when the file cannot be
+    /// created, mapped or preallocated — never later, in the middle of training — and when it
+    /// exists: [`RecorderError::Busy`] while another recording writes it (one recording per
+    /// file), else [`RecorderError::Exists`] unless [`RecorderConfig::overwrite`].
     pub fn create(
         path: impl AsRef<Path>,
         config: RecorderConfig,
@@ -195,6 +202,7 @@ impl Recorder {
             chunk_len,
             ring,
             config.max_bytes,
+            config.overwrite,
         )?);
         prepare::spawn(&file);
         file.write_at(0, &header_region(&header));

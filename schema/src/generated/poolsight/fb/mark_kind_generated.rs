@@ -5,13 +5,14 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_MARK_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_MARK_KIND: u8 = 2;
+pub const ENUM_MAX_MARK_KIND: u8 = 3;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_MARK_KIND: [MarkKind; 3] = [
+pub const ENUM_VALUES_MARK_KIND: [MarkKind; 4] = [
   MarkKind::EpochBegin,
   MarkKind::EpochEnd,
   MarkKind::CpuSample,
+  MarkKind::ScopeAbort,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -22,13 +23,15 @@ impl MarkKind {
   pub const EpochBegin: Self = Self(0);
   pub const EpochEnd: Self = Self(1);
   pub const CpuSample: Self = Self(2);
+  pub const ScopeAbort: Self = Self(3);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_MAX: u8 = 3;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::EpochBegin,
     Self::EpochEnd,
     Self::CpuSample,
+    Self::ScopeAbort,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -36,6 +39,7 @@ impl MarkKind {
       Self::EpochBegin => Some("EpochBegin"),
       Self::EpochEnd => Some("EpochEnd"),
       Self::CpuSample => Some("CpuSample"),
+      Self::ScopeAbort => Some("ScopeAbort"),
       _ => None,
     }
   }
