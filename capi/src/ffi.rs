@@ -272,7 +272,7 @@ pub unsafe extern "C" fn ps_scope_enter(
             other => return Err(invalid(&format!("phase {other} is not a PS_PHASE_* value"))),
         };
         let out = out.as_mut().ok_or_else(|| invalid("out is NULL"))?;
-        let token = rec.session.enter(kind, name, phase, file, line)?;
+        let token = rec.session.enter(kind, name, phase, file, line);
         *out = PsScopeToken {
             opaque: token.to_words(),
         };
@@ -322,7 +322,7 @@ pub unsafe extern "C" fn ps_epoch_begin(
     cpu_bytes: u64,
 ) -> c_int {
     guard(-1, || {
-        recorder(rec)?.session.epoch_begin(epoch, cpu_bytes)?;
+        recorder(rec)?.session.epoch_begin(epoch, cpu_bytes);
         Ok(0)
     })
 }
@@ -341,7 +341,7 @@ pub unsafe extern "C" fn ps_epoch_end(
     guard(-1, || {
         recorder(rec)?
             .session
-            .epoch_end(epoch, cpu_bytes, cpu_peak_bytes)?;
+            .epoch_end(epoch, cpu_bytes, cpu_peak_bytes);
         Ok(0)
     })
 }
@@ -352,7 +352,7 @@ pub unsafe extern "C" fn ps_epoch_end(
 /// `rec` is a live recorder.
 #[no_mangle]
 pub unsafe extern "C" fn ps_stack_current(rec: *const PsRecorder) -> u32 {
-    guard(0, || recorder(rec)?.session.current_stack())
+    guard(0, || Ok(recorder(rec)?.session.current_stack()))
 }
 
 /// The stack `parent` plus the frame `file:line:function` (your own call stack, outermost
@@ -372,7 +372,7 @@ pub unsafe extern "C" fn ps_stack_push(
         let rec = recorder(rec)?;
         let file = text(file, "file")?;
         let function = text(function, "function")?;
-        rec.session.push_frame(parent, file, line, function)
+        Ok(rec.session.push_frame(parent, file, line, function))
     })
 }
 

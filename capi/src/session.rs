@@ -5,7 +5,7 @@
 //! The C functions in [`crate::ffi`] and the Python module are thin layers over these types.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use poolsight_pool::device::{Device, HostDevice};
@@ -31,11 +31,21 @@ pub enum SessionError {
 }
 
 /// A recorder for bindings: shareable, finished once.
+///
+/// Hooks outlive recordings (a Chainer hook left registered, a fastai `fit()` after the `with`
+/// block, a tensor freed at exit), and an observer must never raise into the training code it
+/// observes. So once the recording is finished, every recording call here is a no-op that
+/// succeeds: what it would have recorded is counted in [`Session::dropped_events`], and the
+/// first one says so once on stderr. Frees and releases observed late are not counted: the
+/// memory of a tensor that outlives the recording is freed after it as a matter of course.
+/// What stays an error is wrong use: finishing twice, a bad argument.
 pub struct Session {
     recorder: Mutex<Option<Recorder>>,
     /// Set when `finish` takes the recorder: what every call checks, without the lock (scope
     /// enters and observed events from Python pass here on their way to the hot path).
     finished: AtomicBool,
+    /// Calls dropped because they came after `finish`.
+    late: AtomicU64,
     handle: Handle,
     path: String,
 }
@@ -48,6 +58,7 @@ impl Session {
         Ok(Session {
             recorder: Mutex::new(Some(recorder)),
             finished: AtomicBool::new(false),
+            late: AtomicU64::new(0),
             handle,
             path: path.display().to_string(),
         })
@@ -66,7 +77,8 @@ impl Session {
         self.finished.load(Ordering::Acquire)
     }
 
-    /// The recorder's handle, or an error naming the file once the recording is finished.
+    /// The recorder's handle, or an error naming the file once the recording is finished: for
+    /// what starts recording (a hook being made), where a finished recording is wrong use.
     pub fn handle(&self) -> Result<&Handle, SessionError> {
         if self.is_finished() {
             return Err(SessionError::Finished(self.path.clone()));
@@ -74,8 +86,31 @@ impl Session {
         Ok(&self.handle)
     }
 
+    /// The handle while recording; after `finish`, `None`, counting the call as dropped.
+    #[inline]
+    fn live(&self) -> Option<&Handle> {
+        if self.is_finished() {
+            self.dropped_late();
+            return None;
+        }
+        Some(&self.handle)
+    }
+
+    #[cold]
+    fn dropped_late(&self) {
+        if self.late.fetch_add(1, Ordering::Relaxed) == 0 {
+            eprintln!(
+                "poolsight: the recording of {} is finished; what hooks record from now on is \
+                 ignored and counted in its dropped events",
+                self.path
+            );
+        }
+    }
+
+    /// Events that could not be recorded: the recorder's own (a full disk, a size limit), and
+    /// calls that came after `finish`.
     pub fn dropped_events(&self) -> u64 {
-        self.handle.dropped_events()
+        self.handle.dropped_events() + self.late.load(Ordering::Relaxed)
     }
 
     /// Seals the file. A second call is an error, never a second seal.
@@ -89,7 +124,8 @@ impl Session {
         Ok(recorder.finish()?)
     }
 
-    /// Opens a scope on the calling thread; see [`Handle::enter`].
+    /// Opens a scope on the calling thread; see [`Handle::enter`]. After `finish`, a token
+    /// that opened nothing (closing it does nothing).
     pub fn enter(
         &self,
         kind: ScopeKind,
@@ -97,95 +133,98 @@ impl Session {
         phase: Phase,
         file: &str,
         line: u32,
-    ) -> Result<ScopeToken, SessionError> {
-        Ok(self.handle()?.enter(kind, name, phase, file, line))
+    ) -> ScopeToken {
+        match self.live() {
+            Some(h) => h.enter(kind, name, phase, file, line),
+            None => ScopeToken::from_words([0; 5]),
+        }
     }
 
-    /// Closes a scope opened by [`Session::enter`] on this thread.
+    /// Closes a scope opened by [`Session::enter`] on this thread. Refuses a token that is not
+    /// an open scope of this thread (wrong use), also after `finish`.
     pub fn exit(&self, token: ScopeToken) -> Result<(), SessionError> {
-        self.handle()?
-            .exit(token)
-            .map_err(|e| SessionError::Invalid(e.to_string()))
+        self.close(token, Handle::exit)
     }
 
     /// Closes a scope opened by [`Session::enter`] whose call raised: not a completed call
     /// (see [`Handle::abort`]).
     pub fn abort(&self, token: ScopeToken) -> Result<(), SessionError> {
-        self.handle()?
-            .abort(token)
-            .map_err(|e| SessionError::Invalid(e.to_string()))
+        self.close(token, Handle::abort)
     }
 
-    pub fn epoch_begin(&self, epoch: u32, cpu_bytes: u64) -> Result<(), SessionError> {
-        self.handle()?
-            .record_mark(MarkKind::EpochBegin, epoch, cpu_bytes, 0);
-        Ok(())
+    fn close(
+        &self,
+        token: ScopeToken,
+        how: fn(&Handle, ScopeToken) -> Result<(), poolsight_recorder::ScopeError>,
+    ) -> Result<(), SessionError> {
+        let Some(h) = self.live() else {
+            return Ok(());
+        };
+        how(h, token).map_err(|e| SessionError::Invalid(e.to_string()))
     }
 
-    pub fn epoch_end(&self, epoch: u32, cpu_bytes: u64, cpu_peak: u64) -> Result<(), SessionError> {
-        self.handle()?
-            .record_mark(MarkKind::EpochEnd, epoch, cpu_bytes, cpu_peak);
-        Ok(())
+    pub fn epoch_begin(&self, epoch: u32, cpu_bytes: u64) {
+        if let Some(h) = self.live() {
+            h.record_mark(MarkKind::EpochBegin, epoch, cpu_bytes, 0);
+        }
+    }
+
+    pub fn epoch_end(&self, epoch: u32, cpu_bytes: u64, cpu_peak: u64) {
+        if let Some(h) = self.live() {
+            h.record_mark(MarkKind::EpochEnd, epoch, cpu_bytes, cpu_peak);
+        }
     }
 
     /// [`Handle::epoch_begin`]: the CPU figure read from the recording's own source.
-    pub fn epoch_begin_measured(&self, epoch: u32) -> Result<(), SessionError> {
-        self.handle()?.epoch_begin(epoch);
-        Ok(())
+    pub fn epoch_begin_measured(&self, epoch: u32) {
+        if let Some(h) = self.live() {
+            h.epoch_begin(epoch);
+        }
     }
 
     /// [`Handle::epoch_end`]: the CPU figure and peak from the recording's own source.
-    pub fn epoch_end_measured(&self, epoch: u32) -> Result<(), SessionError> {
-        self.handle()?.epoch_end(epoch);
-        Ok(())
+    pub fn epoch_end_measured(&self, epoch: u32) {
+        if let Some(h) = self.live() {
+            h.epoch_end(epoch);
+        }
     }
 
     /// [`Handle::cpu_sample`]: one sample of the recording's own source, raising the epoch's
     /// RSS peak.
-    pub fn cpu_sample_measured(&self) -> Result<(), SessionError> {
-        self.handle()?.cpu_sample();
-        Ok(())
+    pub fn cpu_sample_measured(&self) {
+        if let Some(h) = self.live() {
+            h.cpu_sample();
+        }
     }
 
-    pub fn cpu_sample(&self, cpu_bytes: u64) -> Result<(), SessionError> {
-        self.handle()?
-            .record_mark(MarkKind::CpuSample, 0, cpu_bytes, 0);
-        Ok(())
+    pub fn cpu_sample(&self, cpu_bytes: u64) {
+        if let Some(h) = self.live() {
+            h.record_mark(MarkKind::CpuSample, 0, cpu_bytes, 0);
+        }
     }
 
-    /// The stack of scopes open on this thread (0 when none).
-    pub fn current_stack(&self) -> Result<u32, SessionError> {
-        Ok(self.handle()?.current_stack())
+    /// The stack of scopes open on this thread (0 when none, or after `finish`).
+    pub fn current_stack(&self) -> u32 {
+        self.live().map_or(0, Handle::current_stack)
     }
 
     /// The stack `parent` + one foreign frame (`file:line:function`, e.g. a Python traceback
     /// line). Interned once per distinct (parent, frame); callers keep a cache in front.
-    pub fn push_frame(
-        &self,
-        parent: u32,
-        file: &str,
-        line: u32,
-        function: &str,
-    ) -> Result<u32, SessionError> {
+    pub fn push_frame(&self, parent: u32, file: &str, line: u32, function: &str) -> u32 {
         self.push(parent, FrameKind::Foreign, file, line, function)
     }
 
     /// The stack `parent` + a user-scope frame named `name`: how an observer labels what kind
     /// of memory an allocation is (PyTorch's parameter, activation, ...), so reports break
     /// memory down by it.
-    pub fn push_label(&self, parent: u32, name: &str) -> Result<u32, SessionError> {
+    pub fn push_label(&self, parent: u32, name: &str) -> u32 {
         self.push(parent, FrameKind::Scope, "", 0, name)
     }
 
-    fn push(
-        &self,
-        parent: u32,
-        kind: FrameKind,
-        file: &str,
-        line: u32,
-        name: &str,
-    ) -> Result<u32, SessionError> {
-        let h = self.handle()?;
+    fn push(&self, parent: u32, kind: FrameKind, file: &str, line: u32, name: &str) -> u32 {
+        let Some(h) = self.live() else {
+            return 0;
+        };
         let frame = h.intern_frame(&Frame {
             kind,
             phase: Phase::None,
@@ -193,30 +232,25 @@ impl Session {
             line,
             name: name.to_owned(),
         });
-        Ok(h.intern_stack(parent, frame))
+        h.intern_stack(parent, frame)
     }
 
     /// Describes a device an observer records events for: its id in the events, a name,
     /// capacity (0 if unknown) and the rounding unit its allocator uses (1: none).
-    pub fn define_device(
-        &self,
-        id: u32,
-        name: &str,
-        capacity: u64,
-        allocation_unit: u64,
-    ) -> Result<(), SessionError> {
-        self.handle()?.define_device(DeviceInfo {
-            id,
-            name: name.to_owned(),
-            capacity,
-            allocation_unit: allocation_unit.max(1),
-        });
-        Ok(())
+    pub fn define_device(&self, id: u32, name: &str, capacity: u64, allocation_unit: u64) {
+        if let Some(h) = self.live() {
+            h.define_device(DeviceInfo {
+                id,
+                name: name.to_owned(),
+                capacity,
+                allocation_unit: allocation_unit.max(1),
+            });
+        }
     }
 
     /// Records one memory event seen by an observer of another allocator. Once the recording
-    /// is finished the event is dropped silently: an observer's late frees (a tensor collected
-    /// after the recording ended) are not errors.
+    /// is finished, a late free or release (a tensor collected after the recording ended) is
+    /// dropped without a word; anything else is counted as dropped.
     #[allow(clippy::too_many_arguments)]
     pub fn mem_event(
         &self,
@@ -228,16 +262,27 @@ impl Session {
         stack: u32,
         pmem: u32,
     ) {
-        if self.is_finished() {
+        if self.is_finished() && Self::is_late_free(kind) {
             return;
         }
-        self.handle.record_mem(MemRecord {
-            ptr,
-            bytes,
-            stack,
-            pmem,
-            ..MemRecord::new(kind, device, stream)
-        });
+        if let Some(h) = self.live() {
+            h.record_mem(MemRecord {
+                ptr,
+                bytes,
+                stack,
+                pmem,
+                ..MemRecord::new(kind, device, stream)
+            });
+        }
+    }
+
+    /// Whether an event of `kind` only gives memory back: after `finish`, such an event is the
+    /// normal end of something the recording saw begin, not something lost.
+    pub fn is_late_free(kind: MemKind) -> bool {
+        matches!(
+            kind,
+            MemKind::FreePre | MemKind::FreePost | MemKind::Release
+        )
     }
 
     /// Binds `pool` to this recording: its events (and only its) go to this trace, from any

@@ -50,7 +50,7 @@ impl CupyHookSink {
             }
         };
         if new {
-            let _ = self.recorder.get().session.define_device(
+            self.recorder.get().session.define_device(
                 id,
                 &format!("cuda:{id}"),
                 0,
@@ -65,9 +65,7 @@ impl CupyHookSink {
     /// be read must not raise into CuPy: the open scopes then.
     fn with_caller_stack(&self, py: Python<'_>, f: impl FnOnce(&TraceHook)) {
         let rec = self.recorder.get();
-        if rec.session.is_finished() {
-            return; // as for observed events: CuPy's late frees are not dropped events
-        }
+        // After finish the recorder counts what reaches it as dropped, as for any binding.
         let stack = if self.python_stacks {
             rec.python_stack(py, self.max_depth, 0).unwrap_or(0)
         } else {
@@ -193,7 +191,8 @@ impl CupyHookSink {
 }
 
 impl CupyHookSink {
-    /// A free callback: no stack, and nothing once the recording is finished.
+    /// A free callback: no stack, and nothing once the recording is finished (a late free is
+    /// not a lost event, see `Session::mem_event`).
     fn free(
         &self,
         f: impl FnOnce(&TraceHook, &FreeInfo),

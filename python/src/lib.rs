@@ -103,9 +103,10 @@ impl Recorder {
             cpu_source: match cpu_source {
                 "none" => poolsight_recorder::CpuSource::None,
                 "rss" => poolsight_recorder::CpuSource::Rss,
+                "tracemalloc" => poolsight_recorder::CpuSource::Tracemalloc,
                 other => {
                     return Err(PyValueError::new_err(format!(
-                        "cpu_source must be 'none' or 'rss', not {other:?}"
+                        "cpu_source must be 'none', 'rss' or 'tracemalloc', not {other:?}"
                     )))
                 }
             },
@@ -169,8 +170,7 @@ impl Recorder {
     fn enter(&self, kind: u32, name: &str, phase: u32, file: &str, line: u32) -> PyResult<Token> {
         let token = self
             .session
-            .enter(kind_of(kind)?, name, phase_of(phase)?, file, line)
-            .map_err(err)?;
+            .enter(kind_of(kind)?, name, phase_of(phase)?, file, line);
         Ok(Token(token))
     }
 
@@ -195,13 +195,13 @@ impl Recorder {
         allocation_unit: u64,
     ) -> PyResult<()> {
         self.session
-            .define_device(id, name, capacity, allocation_unit)
-            .map_err(err)
+            .define_device(id, name, capacity, allocation_unit);
+        Ok(())
     }
 
     /// ``base`` plus a label frame (a memory category such as ``activation``).
-    fn category_stack(&self, base: u32, category: &str) -> PyResult<u32> {
-        self.session.push_label(base, category).map_err(err)
+    fn category_stack(&self, base: u32, category: &str) -> u32 {
+        self.session.push_label(base, category)
     }
 
     /// Records a memory event observed in another allocator: ``kind`` as in the trace format
@@ -261,7 +261,7 @@ impl Recorder {
             Some(b) => self.session.epoch_begin(epoch, b),
             None => self.session.epoch_begin_measured(epoch),
         }
-        .map_err(err)
+        Ok(())
     }
 
     /// Marks the end of ``epoch``; without figures, the recorder reads its own CPU source
@@ -277,22 +277,21 @@ impl Recorder {
                 ))
             }
         }
-        .map_err(err)
+        Ok(())
     }
 
     /// Records a CPU sample; ``cpu_bytes`` None: one reading of the recorder's own source.
     #[pyo3(signature = (cpu_bytes=None))]
-    fn cpu_sample(&self, cpu_bytes: Option<u64>) -> PyResult<()> {
+    fn cpu_sample(&self, cpu_bytes: Option<u64>) {
         match cpu_bytes {
             Some(b) => self.session.cpu_sample(b),
             None => self.session.cpu_sample_measured(),
         }
-        .map_err(err)
     }
 
     /// The stack of the scopes open on this thread (0: none).
-    fn scopes_stack(&self) -> PyResult<u32> {
-        self.session.current_stack().map_err(err)
+    fn scopes_stack(&self) -> u32 {
+        self.session.current_stack()
     }
 
     /// The open scopes plus the caller's Python frames, as CuPy's ``LineProfileHook`` takes
@@ -300,7 +299,10 @@ impl Recorder {
     /// the outermost ``max_depth - 1`` frames. ``skip`` leaves out innermost frames.
     #[pyo3(signature = (max_depth=0, skip=0))]
     fn python_stack(&self, py: Python<'_>, max_depth: u32, skip: u32) -> PyResult<u32> {
-        let base = self.session.current_stack().map_err(err)?;
+        if self.session.is_finished() {
+            return Ok(0);
+        }
+        let base = self.session.current_stack();
         self.stacks()
             .stack(py, &self.session, base, max_depth, skip)
     }
@@ -308,12 +310,9 @@ impl Recorder {
     /// A stack from explicit frames ``[(file, line, function), ...]``, outermost first, under
     /// the open scopes.
     fn frames_stack(&self, frames: Vec<(String, u32, String)>) -> PyResult<u32> {
-        let mut stack = self.session.current_stack().map_err(err)?;
+        let mut stack = self.session.current_stack();
         for (file, line, function) in &frames {
-            stack = self
-                .session
-                .push_frame(stack, file, *line, function)
-                .map_err(err)?;
+            stack = self.session.push_frame(stack, file, *line, function);
         }
         Ok(stack)
     }
@@ -367,12 +366,11 @@ pub struct ScopeGuard {
 }
 
 impl ScopeGuard {
-    fn open(&self) -> PyResult<ScopeToken> {
+    fn open(&self) -> ScopeToken {
         self.recorder
             .get()
             .session
             .enter(self.kind, &self.name, self.phase, &self.file, self.line)
-            .map_err(err)
     }
 
     fn close(&self, token: ScopeToken, raised: bool) -> PyResult<()> {
@@ -390,7 +388,7 @@ impl ScopeGuard {
 impl ScopeGuard {
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let g = slf.get();
-        let token = g.open()?;
+        let token = g.open();
         g.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -421,8 +419,8 @@ impl ScopeGuard {
     }
 
     /// Opens one scope on this thread; returns its token for ``exit``.
-    fn enter(&self) -> PyResult<Token> {
-        Ok(Token(self.open()?))
+    fn enter(&self) -> Token {
+        Token(self.open())
     }
 
     /// Closes the scope of ``token``; ``raised``: its call did not complete.

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 
 use poolsight_capi::Session;
 
-use crate::{err, Map};
+use crate::Map;
 
 struct Code {
     /// False for poolsight's own frames.
@@ -102,9 +102,7 @@ impl PythonStacks {
                 Some(&s) => s,
                 None => {
                     let c = &self.codes[&code];
-                    let s = session
-                        .push_frame(stack, &c.file, line, &c.name)
-                        .map_err(err)?;
+                    let s = session.push_frame(stack, &c.file, line, &c.name);
                     self.stacks.insert((stack, code, line), s);
                     s
                 }
