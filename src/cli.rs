@@ -274,20 +274,6 @@ pub fn main() -> ExitCode {
     ExitCode::from(run_args(std::env::args_os()))
 }
 
-/// Stack for each of rayon's workers. The reports recurse over the calling-context tree (at
-/// most 1,024 levels, see the replay), and some run on the workers, whose default 2 MiB a
-/// debug build's frames fill well before that depth. Address space only: untouched pages
-/// cost nothing.
-const WORKER_STACK: usize = 64 << 20;
-
-/// Sizes rayon's global pool for [`WORKER_STACK`], unless something in this process (a Python
-/// session that replayed already) started the pool first.
-fn roomy_workers() {
-    let _ = rayon::ThreadPoolBuilder::new()
-        .stack_size(WORKER_STACK)
-        .build_global();
-}
-
 /// Runs the command line `args` (`args[0]` is the program name) and returns the exit code:
 /// 0 ok, 1 a `diff` rule was crossed, 2 bad input or usage. Never exits the process, so the
 /// Python package can run it in-process.
@@ -300,7 +286,6 @@ where
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    roomy_workers();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -538,10 +523,10 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let mut infos = Vec::new();
             for path in &traces {
                 // As every report loads a trace: checksums checked as the replay reads each
-                // chunk, the whole file checked first only if one fails. The warnings are the
-                // trace's own, listed by `info`.
+                // chunk, the whole file checked first only if one fails. The warnings go to
+                // stderr as for every command, and `info` lists them too.
                 let loaded =
-                    term::load_unwarned(std::slice::from_ref(path), ReplayOptions::default())?;
+                    term::load_traces(std::slice::from_ref(path), ReplayOptions::default())?;
                 let (trace, profile) = (&loaded.traces[0], &loaded.profiles[0]);
                 let mut i = info::info(trace);
                 info::add_replay(&mut i, profile);

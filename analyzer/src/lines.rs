@@ -7,12 +7,15 @@
 //! a 0-byte request is a node with `0.00B`. Children appear in the order they were first seen; frames that
 //! print the same `file:line:function` under one parent are one node, as in CuPy, whose tree
 //! is keyed by the stack frame.
+//!
+//! The tree nests at most [`MAX_NESTING`] levels; frames below that are folded into one node
+//! (a recursion thousands of calls deep stays readable, and every parser takes the JSON).
 
 use serde::Serialize;
 
 use crate::csv::to_csv;
 use crate::render::humanized;
-use crate::replay::{CallTree, Profile};
+use crate::replay::{Agg, CallTree, Profile};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Lines {
@@ -31,7 +34,7 @@ pub struct LineRoot {
     pub children: Vec<LineNode>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LineNode {
     pub file: String,
     pub line: u32,
@@ -44,6 +47,15 @@ pub struct LineNode {
     pub failed_acquired_bytes: u64,
     pub children: Vec<LineNode>,
 }
+
+/// Levels of nesting the tree keeps under `_root`: frames deeper than this (a runaway
+/// recursion) are folded into one node per cut, [`FOLDED`], holding their bytes. Nested JSON
+/// deeper than this (two levels per frame) is more than common parsers take (Python's `json`
+/// stops near 1,000), and the indented table would grow with the square of the depth.
+pub const MAX_NESTING: usize = 256;
+
+/// The name of the node that holds the frames deeper than [`MAX_NESTING`].
+pub const FOLDED: &str = "[deeper frames folded into this line]";
 
 /// `max_depth` as CuPy's: 0 = no limit, N keeps the outermost N-1 levels under `_root`.
 pub fn lines(p: &Profile, max_depth: usize) -> Lines {
@@ -61,15 +73,62 @@ pub fn lines(p: &Profile, max_depth: usize) -> Lines {
             acquired_bytes: root.total.acquired_bytes,
             failed_used_bytes: root.total.failed_used_bytes,
             failed_acquired_bytes: root.total.failed_acquired_bytes,
-            children: children(tree, &root.children, levels),
+            children: nest(tree, levels),
         },
     }
 }
 
-fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
-    if levels == 0 {
-        return Vec::new();
+/// A line node waiting for its children, in a flat list: the tree is built without recursion,
+/// however deep the calling contexts go.
+struct Pending {
+    node: LineNode,
+    /// Index of the parent in the list; `None` under `_root`.
+    parent: Option<usize>,
+}
+
+/// The children of `_root`, `levels` deep at most (and [`MAX_NESTING`]).
+fn nest(tree: &CallTree, levels: usize) -> Vec<LineNode> {
+    let mut list: Vec<Pending> = Vec::new();
+    // (parent in `list`, call-tree nodes whose frames become its children, their depth)
+    let mut todo: Vec<(Option<usize>, Vec<usize>, usize)> =
+        vec![(None, tree.root().children.clone(), 1)];
+    while let Some((parent, ids, depth)) = todo.pop() {
+        if depth > levels {
+            continue;
+        }
+        if depth > MAX_NESTING {
+            if let Some(folded) = folded(tree, &ids) {
+                list.push(Pending {
+                    node: folded,
+                    parent,
+                });
+            }
+            continue;
+        }
+        for (node, mut grand) in siblings(tree, &ids) {
+            list.push(Pending { node, parent });
+            // Merged siblings' children: keep first-seen order across them.
+            grand.sort_by_key(|&g| (tree.nodes[g].total.first_mem, g));
+            todo.push((Some(list.len() - 1), grand, depth + 1));
+        }
     }
+    // A node's children come after it in the list, in order: moving nodes into their parents
+    // from the end completes each node before it moves.
+    let mut top = Vec::new();
+    while let Some(Pending { mut node, parent }) = list.pop() {
+        node.children.reverse();
+        match parent {
+            Some(p) => list[p].node.children.push(node),
+            None => top.push(node),
+        }
+    }
+    top.reverse();
+    top
+}
+
+/// The line nodes of the call-tree nodes `ids` (one parent's children): frames that print
+/// alike are one node, as in CuPy; each with the call-tree nodes under it.
+fn siblings(tree: &CallTree, ids: &[usize]) -> Vec<(LineNode, Vec<usize>)> {
     let mut out: Vec<(LineNode, Vec<usize>)> = Vec::new();
     for &c in ids {
         let n = &tree.nodes[c];
@@ -83,39 +142,49 @@ fn children(tree: &CallTree, ids: &[usize], levels: usize) -> Vec<LineNode> {
             .find(|(o, _)| o.line == f.line && *o.file == *f.file && *o.function == *f.name);
         match same {
             Some((o, grand)) => {
-                o.used_bytes = o.used_bytes.saturating_add(n.total.used_bytes);
-                o.acquired_bytes = o.acquired_bytes.saturating_add(n.total.acquired_bytes);
-                o.failed_used_bytes = o
-                    .failed_used_bytes
-                    .saturating_add(n.total.failed_used_bytes);
-                o.failed_acquired_bytes = o
-                    .failed_acquired_bytes
-                    .saturating_add(n.total.failed_acquired_bytes);
+                add(o, &n.total);
                 grand.extend(&n.children);
             }
-            None => out.push((
-                LineNode {
+            None => {
+                let mut node = LineNode {
                     file: f.file.to_string(),
                     line: f.line,
                     function: f.name.to_string(),
-                    used_bytes: n.total.used_bytes,
-                    acquired_bytes: n.total.acquired_bytes,
-                    failed_used_bytes: n.total.failed_used_bytes,
-                    failed_acquired_bytes: n.total.failed_acquired_bytes,
-                    children: Vec::new(),
-                },
-                n.children.clone(),
-            )),
+                    ..LineNode::default()
+                };
+                add(&mut node, &n.total);
+                out.push((node, n.children.clone()));
+            }
         }
     }
-    out.into_iter()
-        .map(|(mut node, mut grand)| {
-            // Merged siblings' children: keep first-seen order across them.
-            grand.sort_by_key(|&g| (tree.nodes[g].total.first_mem, g));
-            node.children = children(tree, &grand, levels - 1);
-            node
-        })
-        .collect()
+    out
+}
+
+/// One node for the frames `ids` and everything under them, cut at [`MAX_NESTING`]; `None` when
+/// no allocation went through them.
+fn folded(tree: &CallTree, ids: &[usize]) -> Option<LineNode> {
+    let mut node = LineNode {
+        file: String::new(),
+        line: 0,
+        function: FOLDED.to_string(),
+        ..LineNode::default()
+    };
+    let mut seen = false;
+    for &c in ids {
+        let total = &tree.nodes[c].total;
+        seen |= total.mallocs > 0 || total.allocs > 0;
+        add(&mut node, total);
+    }
+    seen.then_some(node)
+}
+
+fn add(o: &mut LineNode, a: &Agg) {
+    o.used_bytes = o.used_bytes.saturating_add(a.used_bytes);
+    o.acquired_bytes = o.acquired_bytes.saturating_add(a.acquired_bytes);
+    o.failed_used_bytes = o.failed_used_bytes.saturating_add(a.failed_used_bytes);
+    o.failed_acquired_bytes = o
+        .failed_acquired_bytes
+        .saturating_add(a.failed_acquired_bytes);
 }
 
 /// The tree as CuPy prints it.

@@ -114,7 +114,14 @@ pub(super) fn fold_other(
     trace.check_deferred(c);
     match c.kind {
         ChunkKind::Scope => fold_scopes(trace, c, acc),
-        ChunkKind::Mark => acc.events += trace.mark_events(c).len() as u64,
+        ChunkKind::Mark => {
+            // Marks count in the trace's duration too, as `info` counts them: a run that
+            // ends with its last epoch mark lasted until it.
+            let marks = trace.mark_events(c);
+            acc.events += marks.len() as u64;
+            let last = marks.iter().map(|m| m.ticks()).max().unwrap_or(0);
+            acc.last_ticks = acc.last_ticks.max(last);
+        }
         ChunkKind::Mem | ChunkKind::Defs | ChunkKind::Footer => {}
     }
     if let Some(p) = progress {
@@ -217,11 +224,6 @@ fn frame_of(trace: &Trace, frame_id: u32) -> Frame {
     }
 }
 
-/// A damaged trace could hold a stack that names itself as an ancestor; real stacks are
-/// interned parent first, so a parent id is always smaller, and deeper chains than this are
-/// cut.
-const MAX_STACK_DEPTH: usize = 4096;
-
 pub(super) fn build_tree(
     trace: &Trace,
     index: u32,
@@ -232,7 +234,6 @@ pub(super) fn build_tree(
     let mut tree = CallTree::default();
     let mut node_of: HashMap<u32, usize> = HashMap::new();
     node_of.insert(0, 0);
-    let mut depth = vec![0];
     // Sorted ids make the tree's construction order, hence its output, deterministic.
     let mut ids: Vec<u32> = aggs
         .keys()
@@ -243,7 +244,7 @@ pub(super) fn build_tree(
     ids.sort_unstable();
     ids.dedup();
     for id in ids {
-        let node = node_for(trace, &mut tree, &mut node_of, &mut depth, id);
+        let node = node_for(trace, &mut tree, &mut node_of, id);
         let a = aggs.get(&id).copied().unwrap_or_default();
         tree.nodes[node].agg.add(&Agg {
             live_at_peak_bytes: live.get(&id).copied().unwrap_or(0),
@@ -255,20 +256,14 @@ pub(super) fn build_tree(
     tree
 }
 
-/// Deepest node of the calling-context tree. A damaged trace can chain stacks without end,
-/// one level per id; frames deeper than this count at the deepest node, so that every walk
-/// over the tree (the reports recurse) stays within a thread's stack: in a release build,
-/// rayon's 2 MiB workers included (a debug build's frames are larger; the CLI gives its
-/// workers 64 MiB). Real stacks are far shallower (Python's recursion limit is 1,000 frames).
-const MAX_TREE_DEPTH: usize = 1024;
-
-/// The tree node of an interned stack, created with its ancestors where missing. `depth`
-/// holds each node's depth, at most [`MAX_TREE_DEPTH`].
+/// The tree node of an interned stack, created with its ancestors where missing. Interned
+/// stacks name a parent with a smaller id (it was interned first), so following parents ends;
+/// a damaged trace whose stack names a parent at or above itself is cut there. No depth is too
+/// deep: the chain is a list, and every walk over the tree is a loop.
 fn node_for(
     trace: &Trace,
     tree: &mut CallTree,
     node_of: &mut HashMap<u32, usize>,
-    depth: &mut Vec<usize>,
     id: u32,
 ) -> usize {
     if let Some(&n) = node_of.get(&id) {
@@ -278,7 +273,7 @@ fn node_for(
     let mut chain = Vec::new();
     let mut cur = id;
     let mut top = 0;
-    while chain.len() < MAX_STACK_DEPTH {
+    loop {
         if let Some(&n) = node_of.get(&cur) {
             top = n;
             break;
@@ -308,24 +303,16 @@ fn node_for(
     }
     let mut at = top;
     for (sid, frame) in chain.into_iter().rev() {
-        let d = depth[at];
-        if d < MAX_TREE_DEPTH {
-            at = tree.child(at, &frame);
-            if at >= depth.len() {
-                depth.resize(at + 1, 0);
-            }
-            depth[at] = d + 1;
-        }
+        at = tree.child(at, &frame);
         node_of.insert(sid, at);
     }
     at
 }
 
-/// The frames of an interned stack, outermost first (cut at [`MAX_STACK_DEPTH`] in a damaged
-/// trace whose stacks loop).
+/// The frames of an interned stack, outermost first.
 pub(super) fn frames_of_stack(trace: &Trace, id: u32) -> Vec<Frame> {
     let mut tree = CallTree::default();
     let mut node_of = HashMap::from([(0, 0)]);
-    let node = node_for(trace, &mut tree, &mut node_of, &mut vec![0], id);
+    let node = node_for(trace, &mut tree, &mut node_of, id);
     tree.path(node).into_iter().cloned().collect()
 }
