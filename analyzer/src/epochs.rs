@@ -19,8 +19,13 @@
 //! `gpu_peak_bytes`), live bytes handed out by the pool (`live_used_bytes`, `live_peak_bytes`)
 //! and exact CPU bytes.
 //!
-//! Several traces (ranks) merge by taking, per epoch and column, the largest figure: the rank
-//! closest to running out of memory is the one to look at (`--per-rank` shows each).
+//! Each `fit` is a table of its own, as fastai prints one per fit: a trace's epochs are split
+//! into fits where an epoch number does not rise above the one before (fastai's `fine_tune`
+//! fits epoch 0, then epochs 0 and 1), and rows are keyed by (fit, epoch), so repeated numbers
+//! stay separate rows, in order.
+//!
+//! Several traces (ranks) merge by taking, per (fit, epoch) and column, the largest figure: the
+//! rank closest to running out of memory is the one to look at (`--per-rank` shows each).
 
 use std::collections::BTreeMap;
 
@@ -48,6 +53,9 @@ pub struct EpochRow {
     pub live_peak_bytes: i64,
     /// False when the trace ended inside the epoch.
     pub complete: bool,
+    /// Which fit of the run the epoch belongs to, from 0: a new fit starts where an epoch
+    /// number does not rise above the previous one.
+    pub fit: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,16 +95,23 @@ pub fn row(e: &EpochFigures) -> EpochRow {
         live_used_bytes: e.gpu_end_bytes.saturating_sub(e.gpu_begin_bytes),
         live_peak_bytes: e.gpu_max_bytes.saturating_sub(e.gpu_begin_bytes),
         complete: e.complete,
+        fit: 0,
     }
 }
 
 pub fn epochs(p: &Profile) -> Epochs {
-    let mut by_epoch: BTreeMap<u32, EpochRow> = BTreeMap::new();
-    let mut order: Vec<u32> = Vec::new();
+    let mut by_key: BTreeMap<(u32, u32), EpochRow> = BTreeMap::new();
+    let mut order: Vec<(u32, u32)> = Vec::new();
     for s in &p.sources {
+        let mut fit = 0;
+        let mut last: Option<u32> = None;
         for e in &s.epochs {
-            let r = row(e);
-            match by_epoch.get_mut(&r.epoch) {
+            if last.is_some_and(|l| e.epoch <= l) {
+                fit += 1;
+            }
+            last = Some(e.epoch);
+            let r = EpochRow { fit, ..row(e) };
+            match by_key.get_mut(&(fit, r.epoch)) {
                 Some(m) => {
                     m.cpu_used_mb = m.cpu_used_mb.max(r.cpu_used_mb);
                     m.cpu_peak_mb = m.cpu_peak_mb.max(r.cpu_peak_mb);
@@ -111,24 +126,26 @@ pub fn epochs(p: &Profile) -> Epochs {
                     m.complete &= r.complete;
                 }
                 None => {
-                    order.push(r.epoch);
-                    by_epoch.insert(r.epoch, r);
+                    order.push((fit, r.epoch));
+                    by_key.insert((fit, r.epoch), r);
                 }
             }
         }
     }
+    // Rows of one fit together, fits in order; within a fit, in the order first seen.
+    order.sort_by_key(|&(fit, _)| fit);
     Epochs {
         epochs: order
             .into_iter()
-            .filter_map(|n| by_epoch.remove(&n))
+            .filter_map(|k| by_key.remove(&k))
             .collect(),
     }
 }
 
 /// The table as fastprogress prints it (`ConsoleMasterBar.write(line, table=True)` in
 /// fastprogress/fastprogress.py): header names padded to 8 and joined by two spaces; each value
-/// followed by spaces up to its header's width plus two. An epoch the trace ended inside is
-/// marked with `*` and a note.
+/// followed by spaces up to its header's width plus two; the header again at each fit. An
+/// epoch the trace ended inside is marked with `*` and a note.
 pub fn render_table(e: &Epochs) -> String {
     if e.epochs.is_empty() {
         return "no epochs in this trace (mark them with epoch_begin/epoch_end)\n".into();
@@ -137,10 +154,14 @@ pub fn render_table(e: &Epochs) -> String {
         .iter()
         .map(|n| format!("{n:<8}"))
         .collect();
-    let mut out = names.join("  ");
-    out.push('\n');
+    let header = names.join("  ") + "\n";
+    let mut out = String::new();
     let mut cut = false;
-    for r in &e.epochs {
+    for (i, r) in e.epochs.iter().enumerate() {
+        // A table per fit, as fastai prints one per fit.
+        if i == 0 || r.fit != e.epochs[i - 1].fit {
+            out.push_str(&header);
+        }
         let mark = if r.complete { "" } else { "*" };
         cut |= !r.complete;
         let values = [
@@ -224,6 +245,38 @@ mod tests {
         f.cpu_peak_bytes = 50 << 20;
         let r = row(&f);
         assert_eq!((r.cpu_used_mb, r.cpu_peak_mb, r.cpu_used_bytes), (0, 0, 0));
+    }
+
+    /// fastai's `fine_tune`: a fit of epoch 0, then a fit of epochs 0 and 1. Three rows in
+    /// order, a table per fit (merging repeated numbers by maximum showed two rows).
+    #[test]
+    fn repeated_epoch_numbers_are_separate_fits() {
+        let mut source = crate::replay::Source::default();
+        for (n, held) in [(0, 10), (0, 20), (1, 30)] {
+            source.epochs.push(EpochFigures {
+                epoch: n,
+                ..fig(0, held * MB, held * MB)
+            });
+        }
+        let p = Profile {
+            sources: vec![source],
+            tree: Default::default(),
+        };
+        let e = epochs(&p);
+        let rows: Vec<_> = e
+            .epochs
+            .iter()
+            .map(|r| (r.fit, r.epoch, r.gpu_used_mb))
+            .collect();
+        assert_eq!(rows, [(0, 0, 10), (1, 0, 20), (1, 1, 30)]);
+        assert_eq!(
+            render_table(&e),
+            "epoch     cpu used  peak      gpu used  peak    \n\
+             0         0         2         10        0         \n\
+             epoch     cpu used  peak      gpu used  peak    \n\
+             0         0         2         20        0         \n\
+             1         0         2         30        0         \n"
+        );
     }
 
     /// fastprogress `ConsoleMasterBar.write(table=True)`.

@@ -68,6 +68,24 @@ def _recording(rec: Recording | None) -> Recording:
     return rec
 
 
+_warned: set[str] = set()
+
+
+def _observed(rec: Recording | None, who: str) -> Recording | None:
+    """For an integration that observes training (a callback): ``rec``, else the active
+    recording; ``None``, said once per integration, when there is none. Never raises: a
+    finished recording is returned, and what is recorded into it is dropped and counted."""
+    rec = rec if rec is not None else active()
+    if rec is None and who not in _warned:
+        _warned.add(who)
+        print(
+            f"poolsight: {who}: no recording is open, so this run is not recorded "
+            "(open one with `with poolsight.record(path):`, or pass it)",
+            file=sys.stderr,
+        )
+    return rec
+
+
 def _phase(phase: str | None) -> int:
     try:
         return _PHASES[phase.lower() if isinstance(phase, str) else phase]
@@ -154,6 +172,12 @@ class Recording:
         self.stacks = stacks
         self.max_depth = max_depth
         self._cpu = cpu
+        # What framework integrations share per recording (poolsight.torch): the modules'
+        # link scopes, and the models hook() holds.
+        self._module_scopes: Any = None
+        self._hooked_models: set[int] = set()
+        self._open_epoch: int | None = None
+        self._started_tracing = False
 
     # -- scopes -------------------------------------------------------------------------------
 
@@ -171,28 +195,56 @@ class Recording:
 
     # -- epochs and CPU memory ----------------------------------------------------------------
 
-    def _tracemalloc(self) -> bool:
-        """Whether this recording's CPU figures are tracemalloc's (it is tracing); otherwise the
-        recorder reads its own source (RSS, or nothing) natively."""
-        return self._cpu == "tracemalloc" and tracemalloc.is_tracing()
-
     def epoch_begin(self, n: int) -> None:
-        """Marks the start of epoch ``n`` (prefer ``with rec.epoch(n):``)."""
+        """Marks the start of epoch ``n`` (prefer ``with rec.epoch(n):``). Epochs do not nest:
+        beginning one while another is open raises :class:`PoolsightError`.
+
+        With ``cpu="tracemalloc"`` (the default) the epoch's CPU figures are what
+        ``tracemalloc`` counts from here on, as fastai's ``PeakMemMetric`` measures them: this
+        starts ``tracemalloc`` unless it is already tracing (and :meth:`epoch_end` stops it
+        again); a program that traces already gets the change of its traced bytes instead."""
         n = _epoch_number(n)
-        if self._tracemalloc():
+        if self.closed:
+            self._native.epoch_begin(n, 0)  # dropped and counted, never raised
+            return
+        if self._open_epoch is not None:
+            raise PoolsightError(
+                f"epoch {self._open_epoch} is still open: end it before beginning epoch {n} "
+                "(epochs do not nest)"
+            )
+        if self._cpu == "tracemalloc":
+            self._started_tracing = not tracemalloc.is_tracing()
+            if self._started_tracing:
+                tracemalloc.start()
             tracemalloc.reset_peak()
             self._native.epoch_begin(n, tracemalloc.get_traced_memory()[0])
         else:
             self._native.epoch_begin(n)
+        self._open_epoch = n
 
     def epoch_end(self, n: int) -> None:
-        """Marks the end of epoch ``n``."""
+        """Marks the end of epoch ``n``, the one open; ending another raises
+        :class:`PoolsightError`."""
         n = _epoch_number(n)
-        if self._tracemalloc():
+        if self.closed:
+            self._native.epoch_end(n, 0, 0)  # dropped and counted, never raised
+            return
+        if self._open_epoch != n:
+            open_ = "none is" if self._open_epoch is None else f"epoch {self._open_epoch} is"
+            raise PoolsightError(f"cannot end epoch {n}: {open_} open")
+        self._open_epoch = None
+        if self._cpu == "tracemalloc":
             current, peak = tracemalloc.get_traced_memory()
+            if self._started_tracing and tracemalloc.is_tracing():
+                tracemalloc.stop()
             self._native.epoch_end(n, current, max(current, peak))
         else:
             self._native.epoch_end(n)
+
+    @property
+    def open_epoch(self) -> int | None:
+        """The epoch begun and not yet ended, else ``None``."""
+        return self._open_epoch
 
     @contextlib.contextmanager
     def epoch(self, n: int) -> Iterator[None]:
@@ -201,14 +253,16 @@ class Recording:
         try:
             yield
         finally:
-            self.epoch_end(n)
+            if self._open_epoch == n or self.closed:
+                self.epoch_end(n)
 
     def cpu_sample(self) -> None:
-        """Records the current CPU memory (RSS, or tracemalloc's figure) as a sample; an RSS
-        sample also raises the epoch's CPU peak, which the epoch marks alone only see at the
-        boundaries."""
-        if self._tracemalloc():
-            self._native.cpu_sample(tracemalloc.get_traced_memory()[0])
+        """Records the current CPU memory (RSS, or tracemalloc's figure while it traces) as a
+        sample; an RSS sample also raises the epoch's CPU peak, which the epoch marks alone only
+        see at the boundaries."""
+        if self._cpu == "tracemalloc":
+            if tracemalloc.is_tracing():
+                self._native.cpu_sample(tracemalloc.get_traced_memory()[0])
         else:
             self._native.cpu_sample()
 
@@ -282,7 +336,7 @@ def record(
     max_bytes: int | None = None,
     stacks: str = "scopes",
     max_depth: int = 0,
-    cpu: str | None = "rss",
+    cpu: str | None = "tracemalloc",
     rank: int | None = None,
     world_size: int | None = None,
     pack: str | os.PathLike[str] | bool | None = None,
@@ -301,8 +355,11 @@ def record(
     - ``stacks``: what an allocation's stack is: ``"scopes"`` (the open scopes; cheap) or
       ``"python"`` (its Python call stack as ``file:line:function`` frames, as CuPy's
       ``LineProfileHook`` shows them; ``max_depth`` > 0 keeps that many innermost frames).
-    - ``cpu``: the CPU memory recorded per epoch: ``"rss"``, ``"tracemalloc"`` (tracemalloc's
-      exact figures when it is tracing, else RSS) or ``None``.
+    - ``cpu``: the CPU memory recorded per epoch (fastai's ``cpu used``/``peak`` columns):
+      ``"tracemalloc"`` (the default: what ``tracemalloc``, started at each epoch's begin,
+      counts, as fastai's ``PeakMemMetric`` measures it; it slows Python's allocations while
+      an epoch runs), ``"rss"`` (the process's resident set size at the epoch's edges and at
+      each :meth:`Recording.cpu_sample`) or ``None``.
     - ``rank``/``world_size``: for multi-process jobs; ``poolsight`` merges ranks.
     - ``pack``: also write a packed copy when the recording finishes (a path, or ``True`` for
       ``run.packed.pstrace`` beside ``run.pstrace``), at zstd level ``pack_level`` (1..22;
@@ -334,7 +391,7 @@ def record(
         max_bytes=max_bytes,
         rank=rank,
         world_size=world_size,
-        cpu_source="none" if cpu is None else "rss",
+        cpu_source="none" if cpu is None else cpu,
         command_line=list(sys.argv),
         overwrite=overwrite,
     )

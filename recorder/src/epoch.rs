@@ -56,18 +56,24 @@ fn warn_heap_not_installed() {
 
 impl Handle {
     /// Marks the start of epoch `n`, with the CPU bytes in use now, and starts the epoch's CPU
-    /// peak from them.
+    /// peak from them. With [`CpuSource::Heap`] the epoch's figures count only the blocks
+    /// allocated from now on, as `tracemalloc` started now would (so the mark carries 0).
     pub fn epoch_begin(&self, n: u32) {
         let source = self.cpu_source();
-        let now = cpu::bytes_now(source);
-        match source {
-            CpuSource::None => {}
+        let now = match source {
+            CpuSource::None | CpuSource::Tracemalloc => 0,
             CpuSource::Heap => {
                 warn_heap_not_installed();
                 CountingAllocator::reset_peak();
+                CountingAllocator::begin_epoch();
+                CountingAllocator::epoch_current()
             }
-            CpuSource::Rss => rss_peak_of(self).store(now, Ordering::Relaxed),
-        }
+            CpuSource::Rss => {
+                let now = cpu::bytes_now(source);
+                rss_peak_of(self).store(now, Ordering::Relaxed);
+                now
+            }
+        };
         self.record_mark(MarkKind::EpochBegin, n, now, 0);
     }
 
@@ -75,11 +81,19 @@ impl Handle {
     /// matching [`Handle::epoch_begin`] (absolute bytes; the analyzer takes fastai's deltas).
     pub fn epoch_end(&self, n: u32) {
         let source = self.cpu_source();
-        let now = cpu::bytes_now(source);
-        let peak = match source {
-            CpuSource::None => 0,
-            CpuSource::Heap => CountingAllocator::peak().max(now),
-            CpuSource::Rss => rss_peak_of(self).fetch_max(now, Ordering::Relaxed).max(now),
+        let (now, peak) = match source {
+            CpuSource::None | CpuSource::Tracemalloc => (0, 0),
+            CpuSource::Heap => {
+                let now = CountingAllocator::epoch_current();
+                (now, CountingAllocator::epoch_peak().max(now))
+            }
+            CpuSource::Rss => {
+                let now = cpu::bytes_now(source);
+                (
+                    now,
+                    rss_peak_of(self).fetch_max(now, Ordering::Relaxed).max(now),
+                )
+            }
         };
         self.record_mark(MarkKind::EpochEnd, n, now, peak);
     }
@@ -90,7 +104,7 @@ impl Handle {
     /// package). Nothing with `CpuSource::None`.
     pub fn cpu_sample(&self) {
         let source = self.cpu_source();
-        if source != CpuSource::None {
+        if !matches!(source, CpuSource::None | CpuSource::Tracemalloc) {
             let rss_peak = (source == CpuSource::Rss).then(|| rss_peak_of(self));
             take_sample(self, source, rss_peak.as_deref());
         }
@@ -105,7 +119,7 @@ impl Handle {
     /// samples are counted as dropped events. With `CpuSource::None` no thread is started.
     pub fn start_cpu_sampler(&self, interval: Duration) -> CpuSampler {
         let source = self.cpu_source();
-        if source == CpuSource::None {
+        if matches!(source, CpuSource::None | CpuSource::Tracemalloc) {
             return CpuSampler {
                 stop: Arc::default(),
                 thread: None,

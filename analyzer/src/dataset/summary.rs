@@ -186,5 +186,6 @@ fn epoch_batch(rows: &[EpochRow]) -> Result<RecordBatch, ExportError> {
                 rows.iter().map(|r| Some(r.complete)),
             )),
         ),
+        ("fit", ints(rows, |r| i64::from(r.fit))),
     ])
 }

@@ -171,7 +171,12 @@ impl Figures {
             f.line(node, &mut stack);
         }
         for e in &r.epochs.epochs {
-            let n = e.epoch.to_string();
+            // The epochs of a later fit (fastai's fine_tune repeats numbers) as "fit:epoch".
+            let n = if e.fit == 0 {
+                e.epoch.to_string()
+            } else {
+                format!("{}:{}", e.fit, e.epoch)
+            };
             f.scoped("epoch", &n, "gpu_used", e.gpu_used_bytes);
             f.scoped("epoch", &n, "gpu_peak", e.gpu_peak_bytes);
             f.scoped("epoch", &n, "cpu_used", e.cpu_used_bytes);

@@ -365,7 +365,7 @@ pub struct Series {
 }
 
 /// One replayed trace's own figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Source {
     pub path: String,
     pub rank: Option<u32>,

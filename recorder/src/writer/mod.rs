@@ -45,10 +45,14 @@ pub enum Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CpuSource {
     None,
-    /// Exact heap bytes from the counting global allocator.
+    /// Exact heap bytes from the counting global allocator; per epoch, with `tracemalloc`'s
+    /// meaning (the blocks allocated since the epoch began).
     Heap,
     /// Resident set size.
     Rss,
+    /// Given by the caller with each epoch mark, with `tracemalloc`'s meaning (the Python
+    /// package's default); the recorder measures nothing itself.
+    Tracemalloc,
 }
 
 /// Settings for [`Recorder::create`]. `RecorderConfig::default()` is lossless and fine for most
@@ -427,6 +431,7 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
                 CpuSource::None => fb::CpuSource::None,
                 CpuSource::Heap => fb::CpuSource::Heap,
                 CpuSource::Rss => fb::CpuSource::Rss,
+                CpuSource::Tracemalloc => fb::CpuSource::Tracemalloc,
             },
             packed: false,
         },

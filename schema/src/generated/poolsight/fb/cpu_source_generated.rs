@@ -5,13 +5,14 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_CPU_SOURCE: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_CPU_SOURCE: u8 = 2;
+pub const ENUM_MAX_CPU_SOURCE: u8 = 3;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_CPU_SOURCE: [CpuSource; 3] = [
+pub const ENUM_VALUES_CPU_SOURCE: [CpuSource; 4] = [
   CpuSource::None,
   CpuSource::Heap,
   CpuSource::Rss,
+  CpuSource::Tracemalloc,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -22,13 +23,15 @@ impl CpuSource {
   pub const None: Self = Self(0);
   pub const Heap: Self = Self(1);
   pub const Rss: Self = Self(2);
+  pub const Tracemalloc: Self = Self(3);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_MAX: u8 = 3;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::None,
     Self::Heap,
     Self::Rss,
+    Self::Tracemalloc,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -36,6 +39,7 @@ impl CpuSource {
       Self::None => Some("None"),
       Self::Heap => Some("Heap"),
       Self::Rss => Some("Rss"),
+      Self::Tracemalloc => Some("Tracemalloc"),
       _ => None,
     }
   }
