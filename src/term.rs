@@ -24,13 +24,6 @@ pub fn warn(w: &LoadWarning) {
 /// Opens and replays the traces ([`load::load`]: each chunk's checksum is checked as the
 /// replay reads it), with a progress bar while replaying, then prints the warnings.
 pub fn load_traces(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
-    let loaded = load_unwarned(paths, opts)?;
-    loaded.warnings.iter().for_each(warn);
-    Ok(loaded)
-}
-
-/// [`load_traces`] for a caller that shows the warnings itself (`info` lists them).
-pub fn load_unwarned(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<Loaded> {
     for p in paths {
         check_trace_path(p)?;
     }
@@ -41,7 +34,9 @@ pub fn load_unwarned(paths: &[PathBuf], opts: ReplayOptions) -> anyhow::Result<L
     };
     let loaded = load::load(paths, &opts, |total| bar.begin("replaying", total));
     bar.finish();
-    Ok(loaded?)
+    let loaded = loaded?;
+    loaded.warnings.iter().for_each(warn);
+    Ok(loaded)
 }
 
 /// A directory named where a trace file is expected gets its own message (opening it would

@@ -10,7 +10,7 @@ pub fn problems(s: &Source) -> Vec<String> {
     let mut out = Vec::new();
     if !s.sealed {
         out.push(
-            "unfinished (the writer never sealed the file: killed, crashed or still running)"
+            "unfinished (the writer never sealed its footer: killed, crashed or still recording)"
                 .into(),
         );
     }

@@ -42,9 +42,11 @@ pub struct Info {
     pub chunk_size: u32,
     pub started_unix_ns: u64,
     pub duration_ns: u64,
-    /// Whether the writer sealed the file and nothing of it was lost since (false: killed,
-    /// crashed, still running, or truncated).
+    /// Whether the writer finished the file (sealed its footer), as docs/format.md defines it;
+    /// chunks lost since, dropped events or no events make it incomplete, not unfinished.
     pub finished: bool,
+    /// A recorder holds the file now: unfinished because it is still being written.
+    pub recording: bool,
     pub events: BTreeMap<&'static str, u64>,
     pub total_events: u64,
     pub threads: Vec<ThreadInfo>,
@@ -231,9 +233,8 @@ pub fn info(trace: &Trace) -> Info {
         chunk_size: h.chunk_size,
         started_unix_ns: h.unix_ns,
         duration_ns: trace.ns_since_start(end_ticks),
-        // A footer read from a file whose chunks were lost afterwards (truncated in a copy)
-        // does not make the run a finished one.
-        finished: trace.footer.is_some() && trace.torn_chunks() == 0,
+        finished: trace.finished(),
+        recording: trace.recording,
         events: counts,
         total_events,
         threads,
@@ -281,9 +282,14 @@ pub fn render_table(i: &Info) -> String {
         o,
         "finished     {}",
         if i.finished {
-            "yes"
+            "yes".to_string()
+        } else if i.recording {
+            format!(
+                "no: process {} is still recording it; every event it wrote so far is readable",
+                i.pid
+            )
         } else {
-            "no: the writer did not seal the file (killed, crashed or still running), or it was truncated or damaged since; every complete event is still readable"
+            "no: the writer did not seal the file (killed or crashed); every complete event is still readable".to_string()
         }
     );
     let _ = writeln!(

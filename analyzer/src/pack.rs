@@ -148,18 +148,16 @@ pub fn pack(trace: &Trace, out: &Path, opts: &PackOptions) -> Result<PackSummary
     };
     let groups = groups(trace, opts.merge.max(1));
     for batch in groups.chunks(BATCH) {
-        let packed: Vec<Vec<u8>> = batch
+        let packed: Vec<(Vec<u8>, u64)> = batch
             .par_iter()
             .map(|g| match g {
-                Group::Copy(c) => Ok(copy_chunk(trace, c)),
+                Group::Copy(c) => Ok((copy_chunk(trace, c), 0)),
                 Group::Events(cs) => pack_events(trace, cs, opts.level),
             })
             .collect::<Result<_, _>>()
             .map_err(|source| PackError::Compress { source })?;
-        for (g, bytes) in batch.iter().zip(&packed) {
-            if let Group::Events(cs) = g {
-                summary.events += cs.iter().map(|c| c.events as u64).sum::<u64>();
-            }
+        for (bytes, events) in &packed {
+            summary.events += events;
             w.write_all(bytes).map_err(io)?;
             at += bytes.len() as u64;
             summary.chunks_out += 1;
@@ -241,10 +239,12 @@ fn copy_chunk(trace: &Trace, c: &ChunkInfo) -> Vec<u8> {
     bytes
 }
 
-fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<Vec<u8>> {
+/// Packs one group of event chunks; also returns its recorded events, rebases left out, as
+/// `info` and the replay count them.
+fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<(Vec<u8>, u64)> {
     let first = cs[0];
     let rebase = |c: &ChunkInfo, i: usize| i > 0 && c.kind != ChunkKind::Mark;
-    let (body, events, encoded) = match first.kind {
+    let (body, events, encoded, recorded) = match first.kind {
         ChunkKind::Mem => {
             let mut ev = Vec::new();
             for (i, c) in cs.iter().enumerate() {
@@ -262,7 +262,16 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<
                 }
                 ev.extend_from_slice(&trace.mem_events(c));
             }
-            (fb::ChunkBody::MemEvents, ev.len(), Encoder::mem(&ev))
+            let recorded = ev
+                .iter()
+                .filter(|e| e.kind() != fb::MemKind::Rebase)
+                .count();
+            (
+                fb::ChunkBody::MemEvents,
+                ev.len(),
+                Encoder::mem(&ev),
+                recorded,
+            )
         }
         ChunkKind::Scope => {
             let mut ev = Vec::new();
@@ -272,14 +281,25 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<
                 }
                 ev.extend_from_slice(&trace.scope_events(c));
             }
-            (fb::ChunkBody::ScopeEvents, ev.len(), Encoder::scope(&ev))
+            let recorded = ev.iter().filter(|e| e.stack() != 0).count();
+            (
+                fb::ChunkBody::ScopeEvents,
+                ev.len(),
+                Encoder::scope(&ev),
+                recorded,
+            )
         }
         _ => {
             let mut ev = Vec::new();
             for c in cs {
                 ev.extend_from_slice(&trace.mark_events(c));
             }
-            (fb::ChunkBody::MarkEvents, ev.len(), Encoder::mark(&ev))
+            (
+                fb::ChunkBody::MarkEvents,
+                ev.len(),
+                Encoder::mark(&ev),
+                ev.len(),
+            )
         }
     };
     let data = packed::compress(&encoded, level)?;
@@ -306,7 +326,7 @@ fn pack_events(trace: &Trace, cs: &[&ChunkInfo], level: i32) -> std::io::Result<
     let used = bytes.len() - 4;
     bytes.resize(align8(bytes.len() as u64) as usize, 0);
     seal(&mut bytes, first, used);
-    Ok(bytes)
+    Ok((bytes, recorded as u64))
 }
 
 /// Sets the size prefix to the padded length and seals the chunk with `c`'s identity: seq,

@@ -407,6 +407,7 @@ impl Trace {
                 &mut trace.warnings,
             );
         }
+        trace.warn_if_partial(prelude.data_offset as u64);
         Ok(trace)
     }
 
@@ -660,6 +661,46 @@ impl Trace {
     /// Chunks that were reserved but lost to torn or corrupt writes.
     pub fn torn_chunks(&self) -> usize {
         self.warnings.iter().filter(|w| w.torn).count()
+    }
+
+    /// Whether the writer finished the file: its footer is sealed (docs/format.md, "The
+    /// footer and finished"). Chunks lost since, or events it dropped, do not change that;
+    /// they make the run incomplete (see [`crate::incomplete`]).
+    pub fn finished(&self) -> bool {
+        self.footer.is_some()
+    }
+
+    /// A file the writer did not finish, or that says it dropped events, gets a warning of its
+    /// own: every command that reads it then says so.
+    fn warn_if_partial(&mut self, footer_at: u64) {
+        if self.footer.is_none() {
+            let why = if self.recording {
+                format!(
+                    "unfinished: process {} is still recording it; the reports cover what it \
+                     wrote so far",
+                    self.header.pid
+                )
+            } else {
+                "unfinished: the writer never sealed the footer (killed or crashed); every \
+                 complete event is read, the reports end where it stopped"
+                    .to_string()
+            };
+            self.warnings.push(Warning {
+                offset: footer_at,
+                what: why,
+                torn: false,
+            });
+        }
+        if let Some(n) = self.footer.map(|f| f.dropped_events).filter(|&n| n > 0) {
+            self.warnings.push(Warning {
+                offset: footer_at,
+                what: format!(
+                    "the writer dropped {n} event(s) it could not record (the file could not \
+                     grow, or they came after the recording finished)"
+                ),
+                torn: false,
+            });
+        }
     }
 }
 

@@ -118,11 +118,11 @@ impl Timeline {
     #[inline]
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units, track: bool) {
         match e.kind() {
-            fb::MemKind::MallocPost if e.ptr() != 0 => {
+            fb::MemKind::MallocPost if served(e) => {
                 let size = units.mem_size(e.device(), e.bytes());
                 self.counts.mallocs += 1;
                 self.used = self.used.saturating_add(signed(size));
-                if track {
+                if track && size > 0 {
                     self.track_malloc(e, size);
                 }
                 if self.used > self.peak_used {
@@ -138,7 +138,7 @@ impl Timeline {
                     self.track_free(e);
                 }
             }
-            fb::MemKind::AllocPost if e.ptr() != 0 => {
+            fb::MemKind::AllocPost if served(e) => {
                 self.counts.allocs += 1;
                 self.acquired = self.acquired.saturating_add(signed(e.bytes()));
                 if self.acquired > self.peak_acquired {
@@ -664,6 +664,15 @@ pub(super) fn merge_streams<'a, S: Sink>(
 }
 
 /// The marks of a trace, in time order (marks at one tick in their recorded order).
+/// Whether a malloc or device allocation was served: a pointer, or a request of 0 bytes (which
+/// CuPy serves with a null pointer, as PyTorch does an empty tensor's storage). A null pointer
+/// for bytes is a failure. Its free and release come later either way, so the counts of both
+/// sides include it.
+#[inline]
+fn served(e: &fb::MemEvent) -> bool {
+    e.ptr() != 0 || e.bytes() == 0
+}
+
 pub(super) fn sorted_marks(trace: &Trace) -> Vec<fb::MarkEvent> {
     let mut marks: Vec<fb::MarkEvent> = trace
         .chunks
@@ -920,7 +929,7 @@ impl WindowFold {
             self.open_bucket(ticks);
         }
         match e.kind() {
-            fb::MemKind::MallocPost if e.ptr() != 0 => {
+            fb::MemKind::MallocPost if served(e) => {
                 let size = units.mem_size(e.device(), e.bytes());
                 self.counts.mallocs += 1;
                 let (u, over) = self.used.overflowing_add(signed(size));
@@ -938,7 +947,7 @@ impl WindowFold {
                 self.used = u;
                 self.min_used = self.min_used.min(u);
             }
-            fb::MemKind::AllocPost if e.ptr() != 0 => {
+            fb::MemKind::AllocPost if served(e) => {
                 self.counts.allocs += 1;
                 let (a, over) = self.acquired.overflowing_add(signed(e.bytes()));
                 self.bad |= over;
