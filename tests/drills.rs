@@ -429,3 +429,229 @@ fn a_scope_that_raised_is_not_a_call() {
         assert_eq!(depth("Embed"), Some(1), "{how}: {l:?}");
     }
 }
+
+// -- partial traces --------------------------------------------------------------------------
+
+/// The child of [`a_killed_trace_says_so_everywhere_and_counts_agree`]: records a little of
+/// everything (zero-byte mallocs and their frees among it), then waits to be killed.
+#[test]
+#[ignore = "run by a_killed_trace_says_so_everywhere_and_counts_agree"]
+fn killed_child_entry() {
+    use std::io::Write;
+    let Some(path) = std::env::var_os("POOLSIGHT_DRILL_KILLED") else {
+        return;
+    };
+    let rec = Recorder::create(PathBuf::from(path), config()).unwrap();
+    let h = rec.handle();
+    h.epoch_begin(1);
+    for i in 0..3_000u64 {
+        let _f = h.function("Linear", poolsight::recorder::Phase::Forward);
+        let bytes = if i % 3 == 0 { 0 } else { 512 };
+        let ptr = if bytes == 0 { 0 } else { i + 1 };
+        let stack = h.current_stack();
+        for kind in [MemKind::MallocPost, MemKind::AllocPost] {
+            h.record_mem(MemRecord {
+                ptr,
+                bytes,
+                stack,
+                ..MemRecord::new(kind, 0, 0)
+            });
+        }
+        for kind in [MemKind::FreePost, MemKind::Release] {
+            h.record_mem(MemRecord {
+                ptr,
+                bytes,
+                ..MemRecord::new(kind, 0, 0)
+            });
+        }
+    }
+    h.epoch_end(1);
+    // The last event of the run is a mark: the duration must reach it.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    h.record_mark(poolsight::recorder::MarkKind::CpuSample, 0, 1, 0);
+    println!("recorded");
+    std::io::stdout().flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(60));
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_poolsight"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A run killed mid-way: every command that reads it says so in one stderr line, and `info`,
+/// `report` and `pack` agree on its events, its duration and its counts (a zero-byte malloc is
+/// a malloc, as its free is a free).
+#[test]
+fn a_killed_trace_says_so_everywhere_and_counts_agree() {
+    use std::io::{BufRead, BufReader};
+    let dir = scratch::dir();
+    let path = dir.join("killed.pstrace");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "killed_child_entry", "--ignored", "--nocapture"])
+        .env("POOLSIGHT_DRILL_KILLED", &path)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap().contains("recorded")));
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let p = path.to_str().unwrap();
+    let (code, info, err) = cli(&["info", "--format", "json", p]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("unfinished"), "{err}");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["finished"], false);
+    assert_eq!(info["recording"], false);
+    let (code, report, err) = cli(&["report", "--format", "json", p]);
+    assert_eq!(code, 0, "{err}");
+    let warnings: Vec<&str> = err.lines().collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].starts_with("poolsight: warning: ") && warnings[0].contains("unfinished"),
+        "{err}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let s = &report["summary"];
+    assert_eq!(s["events"], info["total_events"]);
+    assert_eq!(s["duration_ns"], info["duration_ns"]);
+    assert!(s["duration_ns"].as_u64().unwrap() >= 50_000_000, "{s}");
+    let pool = &info["pool"];
+    assert_eq!(pool["mallocs"], 3_000);
+    assert_eq!(pool["frees"], 3_000);
+    assert_eq!(pool["device_allocs"], 3_000);
+    assert_eq!(pool["releases"], 3_000);
+    assert_eq!(s["total_allocations"], 3_000);
+
+    let packed = dir.join("killed.packed.pstrace");
+    let (code, out, err) = cli(&["pack", p, "-o", packed.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        out.contains(&format!("{} events", info["total_events"])),
+        "{out}"
+    );
+    for args in [
+        vec!["functions"],
+        vec!["lines"],
+        vec!["timers"],
+        vec!["epochs"],
+        vec!["flamegraph", "-o"],
+        vec!["html", "-o"],
+        vec!["export", "--format", "chrome", "-o"],
+    ] {
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if args.last().is_some_and(|a| a == "-o") {
+            args.push(dir.join("out").to_string_lossy().into_owned());
+        }
+        args.push(p.to_owned());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, _, err) = cli(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let unfinished = err.lines().filter(|l| l.contains("unfinished")).count();
+        assert_eq!(unfinished, 1, "{args:?}: {err}");
+    }
+}
+
+// -- deep trees ------------------------------------------------------------------------------
+
+/// A recursion 100,000 scopes deep (a recursive model, or a runaway one): every report comes
+/// out of the Rust library on a thread with the default 2 MiB stack, as a library or binding
+/// caller's threads have — not only on the CLI's 64 MiB workers.
+#[test]
+fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
+    let path = scratch::file("deep.pstrace");
+    {
+        let rec = Recorder::create(&*path, config()).unwrap();
+        let h = rec.handle();
+        let mut tokens = Vec::new();
+        for i in 0..100_000u32 {
+            let kind = if i % 2 == 0 {
+                ScopeKind::Function
+            } else {
+                ScopeKind::Link
+            };
+            tokens.push(h.enter(kind, "Recurse", Phase::Forward, "deep.py", i % 7));
+        }
+        alloc(&h, 4096);
+        for t in tokens.into_iter().rev() {
+            h.exit(t).unwrap();
+        }
+        drop(h);
+        rec.finish().unwrap();
+    }
+    let deep_path = path.to_path_buf();
+    let path = deep_path.clone();
+    let worker = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            use poolsight::analyzer::{diff, epochs, flamegraph, html, report};
+            let t = Trace::open(&path).unwrap();
+            let p = poolsight::analyzer::replay(&t, 0, &Default::default());
+            let f = functions::functions(&p);
+            assert_eq!(row(&f, "Recurse").unwrap().occurrence, 50_000);
+            let l = lines::lines(&p, 0);
+            let table = lines::render_table(&l);
+            assert!(table.contains("4.00KB"));
+            // 256 levels nested, the rest folded into one line holding their bytes.
+            assert_eq!(table.lines().count(), 1 + lines::MAX_NESTING + 1);
+            assert!(
+                table.contains(&format!("{} (4.00KB, 0.00B)", lines::FOLDED)),
+                "{table}"
+            );
+            assert!(!lines::render_csv(&l).is_empty());
+            assert!(serde_json::to_string(&l).unwrap().contains("Recurse"));
+            let tm = timers::timers(&p);
+            assert_eq!(tm.links[0].occurrence, 50_000);
+            let r = report::compute(&p, &Default::default());
+            assert!(!report::render_table(&r, &Default::default()).is_empty());
+            assert!(serde_json::to_string(&r).unwrap().len() > 1000);
+            assert!(!epochs::render_table(&r.epochs).is_empty());
+            let folded = flamegraph::folded(&p, flamegraph::Metric::Used);
+            assert_eq!(folded.len(), 1);
+            assert!(
+                !flamegraph::flamegraph_svg(&p, flamegraph::Metric::Used, "deep")
+                    .unwrap()
+                    .is_empty()
+            );
+            let figs = diff::Figures::of(&r);
+            let d = diff::compare(
+                std::slice::from_ref(&figs),
+                std::slice::from_ref(&figs),
+                &[],
+            );
+            assert!(d.violations.is_empty());
+            let page =
+                html::report_page("deep", std::slice::from_ref(&t), std::slice::from_ref(&p));
+            assert!(page.len() > 1000);
+            let out = scratch::dir();
+            let opts = poolsight::analyzer::dataset::ExportOptions {
+                tables: poolsight::analyzer::dataset::Tables::Summary,
+                run_id: None,
+                progress: None,
+            };
+            poolsight::analyzer::dataset::export(std::slice::from_ref(&t), &out, &opts).unwrap();
+            let mut chrome = Vec::new();
+            poolsight::analyzer::export::chrome(&[(&t, &p)], &mut chrome).unwrap();
+        })
+        .unwrap();
+    worker
+        .join()
+        .expect("the reports ran within a default thread stack");
+    // And the CLI, whose workers have rayon's default stacks too.
+    for cmd in ["report", "lines", "functions", "timers"] {
+        let (code, out, err) = cli(&[cmd, "--format", "json", deep_path.to_str().unwrap()]);
+        assert_eq!(code, 0, "{cmd}: {err}");
+        assert!(out.contains("Recurse"), "{cmd}");
+    }
+}

@@ -324,7 +324,7 @@ fn output_does_not_depend_on_the_number_of_threads() {
 #[test]
 fn older_format_versions_stay_readable() {
     let mut mismatches = Vec::new();
-    for version in ["1.0"] {
+    for version in ["1.0", "1.2"] {
         let dir = format!("fixtures/traces/v{version}");
         for name in [
             "chainer_nested",

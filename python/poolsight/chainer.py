@@ -19,11 +19,12 @@ recorded (``poolsight.cupy.TraceHook``), ``poolsight functions`` prints
 
 from __future__ import annotations
 
-import threading
+import sys
 
 import chainer
 
 from . import Recording, _recording
+from ._calls import OpenCalls
 
 __all__ = ["FunctionHook", "LinkHook"]
 
@@ -31,33 +32,14 @@ _KIND_FUNCTION, _KIND_LINK = 1, 2
 _FORWARD, _BACKWARD = 1, 2
 
 
-class _Open(threading.local):
-    """The scopes a hook opened on this thread, innermost last: (id of the function or link,
-    token)."""
-
-    def __init__(self) -> None:
-        self.scopes: list = []
-
-    def close(self, native, key: int) -> None:
-        # Normally the innermost. A call that raised never got its post hook: its scope is
-        # still open inside this one, and closes with it (the recorder closes inner scopes
-        # with an outer one).
-        scopes = self.scopes
-        for i in range(len(scopes) - 1, -1, -1):
-            if scopes[i][0] == key:
-                token = scopes[i][1]
-                del scopes[i:]
-                native.exit(token)
-                return
-
-
 class FunctionHook(chainer.FunctionHook):
     """``with FunctionHook(rec):`` records every Chainer function call as a function scope:
     forward calls with phase forward, backward calls with phase backward, named by the
     function's implementation class (``function._impl_name``, what Chainer's ``TimerHook`` and
-    ``CupyMemoryProfileHook`` print). Scopes nest as the calls do; a call that raises leaves no
-    row, as in Chainer's hooks. Register it on one function with ``function.add_hook`` as any
-    Chainer function hook."""
+    ``CupyMemoryProfileHook`` print). Scopes nest as the calls do. A call that raises is not a
+    call, as in Chainer's hooks (whose post hook never runs): no row, no occurrence, no time,
+    its memory counted in the calls around it, and nothing after it nested under it. Register
+    it on one function with ``function.add_hook`` as any Chainer function hook."""
 
     name = "PoolsightFunctionHook"
 
@@ -65,29 +47,31 @@ class FunctionHook(chainer.FunctionHook):
         rec = _recording(recorder)
         self.recording = rec
         self._native = rec._native
-        self._open = _Open()
+        self._calls = OpenCalls()
 
     def _enter(self, function, phase: int) -> None:
-        token = self._native.enter(_KIND_FUNCTION, function._impl_name, phase, "", 0)
-        self._open.scopes.append((id(function), token))
+        # The caller of the pre hook: FunctionNode.apply, or the backward step.
+        frame = sys._getframe(2)
+        self._calls.enter(self._native, frame, _KIND_FUNCTION, function._impl_name, phase, "", 0)
 
     def forward_preprocess(self, function, in_data):
         self._enter(function, _FORWARD)
 
     def forward_postprocess(self, function, in_data):
-        self._open.close(self._native, id(function))
+        self._calls.exit(self._native, sys._getframe(1))
 
     def backward_preprocess(self, function, in_data, out_grad):
         self._enter(function, _BACKWARD)
 
     def backward_postprocess(self, function, in_data, out_grad):
-        self._open.close(self._native, id(function))
+        self._calls.exit(self._native, sys._getframe(1))
 
 
 class LinkHook(chainer.LinkHook):
     """``with LinkHook(rec):`` records every link's forward call as a link scope named by the
     link's class name, as Chainer's link ``TimerHook`` names it (``Linear``, ``MLP``,
-    ``Classifier``). Register it on one link with ``link.add_hook`` as any Chainer link hook."""
+    ``Classifier``); a call that raises is not a call (see :class:`FunctionHook`). Register it
+    on one link with ``link.add_hook`` as any Chainer link hook."""
 
     name = "PoolsightLinkHook"
 
@@ -95,7 +79,7 @@ class LinkHook(chainer.LinkHook):
         rec = _recording(recorder)
         self.recording = rec
         self._native = rec._native
-        self._open = _Open()
+        self._calls = OpenCalls()
         self._sites: dict[type, tuple[str, int]] = {}
 
     def _site(self, cls: type) -> tuple[str, int]:
@@ -109,8 +93,8 @@ class LinkHook(chainer.LinkHook):
     def forward_preprocess(self, args):
         cls = type(args.link)
         file, line = self._site(cls)
-        token = self._native.enter(_KIND_LINK, cls.__name__, 0, file, line)
-        self._open.scopes.append((id(args.link), token))
+        # The caller: Link.__call__.
+        self._calls.enter(self._native, sys._getframe(1), _KIND_LINK, cls.__name__, 0, file, line)
 
     def forward_postprocess(self, args):
-        self._open.close(self._native, id(args.link))
+        self._calls.exit(self._native, sys._getframe(1))

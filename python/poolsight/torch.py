@@ -15,6 +15,7 @@ Three ways to record a PyTorch program, from the most exact to the least intrusi
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import PoolsightError, Recording, _native, _recording, active
+from ._calls import OpenCalls, raised_in
 
 __all__ = [
     "CATEGORIES",
@@ -130,38 +132,74 @@ def set_limit(nbytes: int, device: Any = None) -> None:
 
 
 class _ModuleScopes:
-    """Forward hooks that open a link scope per module call, named by its class."""
+    """Link scopes for modules, one per module call, named by its class: one set per recording,
+    shared by :func:`track` and :func:`hook`, so that a module has one pair of hooks however
+    many of them ask for it (an allocation is never attributed to the same module twice).
 
-    def __init__(self, rec: Recording, model: torch.nn.Module):
+    A call that raises is not a call: PyTorch runs the ``always_call`` post hook from its
+    ``except`` block, and the scope is closed as aborted (see ``poolsight._calls``)."""
+
+    def __init__(self, rec: Recording):
         self._native = rec._native
-        self._open: dict[int, list[int]] = {}
-        self._handles = []
-        for module in model.modules():
-            name = type(module).__name__
-            code = getattr(type(module).forward, "__code__", None)
-            file = code.co_filename if code else ""
-            line = code.co_firstlineno if code else 0
-            self._handles.append(module.register_forward_pre_hook(self._pre(name, file, line)))
-            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+        self._calls = OpenCalls()
+        # id(module) -> [users, handles]
+        self._modules: dict[int, list] = {}
 
-    def _pre(self, name: str, file: str, line: int):
-        native, open_ = self._native, self._open
+    @staticmethod
+    def of(rec: Recording) -> _ModuleScopes:
+        if rec._module_scopes is None:
+            rec._module_scopes = _ModuleScopes(rec)
+        return rec._module_scopes
 
+    def acquire(self, model: torch.nn.Module) -> list[int]:
+        """Hooks every module of ``model`` not hooked yet; returns what to give ``release``."""
+        taken = []
+        try:
+            for module in model.modules():
+                key = id(module)
+                entry = self._modules.get(key)
+                if entry is None:
+                    entry = self._modules[key] = [0, self._install(module)]
+                entry[0] += 1
+                taken.append(key)
+        except BaseException:
+            self.release(taken)
+            raise
+        return taken
+
+    def release(self, taken: list[int]) -> None:
+        for key in taken:
+            entry = self._modules.get(key)
+            if entry is None:
+                continue
+            entry[0] -= 1
+            if entry[0] == 0:
+                for h in entry[1]:
+                    h.remove()
+                del self._modules[key]
+
+    def _install(self, module: torch.nn.Module) -> list:
+        name = type(module).__name__
+        code = getattr(type(module).forward, "__code__", None)
+        file = code.co_filename if code else ""
+        line = code.co_firstlineno if code else 0
+        native, calls = self._native, self._calls
+
+        # PyTorch calls both hooks from Module._call_impl: the frame that makes the call.
         def pre(module: torch.nn.Module, _inputs: Any) -> None:
-            token = native.enter(_KIND_LINK, name, 0, file, line)
-            open_.setdefault(id(module), []).append(token)
+            calls.enter(native, sys._getframe(1), _KIND_LINK, name, 0, file, line)
 
-        return pre
+        def post(module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
+            frame = sys._getframe(1)
+            calls.exit(native, frame, raised_in(frame))
 
-    def _post(self, module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
-        tokens = self._open.get(id(module))
-        if tokens:
-            self._native.exit(tokens.pop())
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        handles = [module.register_forward_pre_hook(pre)]
+        try:
+            handles.append(module.register_forward_hook(post, always_call=True))
+        except BaseException:
+            handles[0].remove()
+            raise
+        return handles
 
 
 class _OpScopes(TorchDispatchMode):
@@ -173,17 +211,28 @@ class _OpScopes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         phase = _PHASE_BACKWARD if _in_backward() else _PHASE_FORWARD
-        token = self._native.enter(_KIND_FUNCTION, _op_name(func), phase, "", 0)
+        native = self._native
+        token = native.enter(_KIND_FUNCTION, _op_name(func), phase, "", 0)
         try:
             out = func(*args, **(kwargs or {}))
             # With track() on too, the outputs are recorded while the op's scope is open,
             # whichever of the two modes was entered first.
-            tracker = _trackers.get(id(self._native))
+            tracker = _trackers.get(id(native))
             if tracker is not None:
                 tracker.track_outputs(out)
-            return out
-        finally:
-            self._native.exit(token)
+        except BaseException:
+            # An op that raised is not a call of it (no row, no time).
+            native.abort(token)
+            raise
+        native.exit(token)
+        return out
+
+
+def _dispatch_modes() -> list:
+    """The dispatch modes active on this thread, outermost first."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
 
 
 def _op_name(func: Any) -> str:
@@ -207,15 +256,27 @@ def hook(
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"hook() needs a torch.nn.Module, not {type(model).__name__}")
     rec = _recording(recorder)
-    modules = _ModuleScopes(rec, model) if links else None
-    with contextlib.ExitStack() as stack:
-        if functions:
-            stack.enter_context(_OpScopes(rec))
-        try:
+    hooked = rec._hooked_models
+    if id(model) in hooked:
+        raise PoolsightError(
+            f"this {type(model).__name__} is already hooked for {rec.path}: "
+            "hook() it once (its scopes would count every call twice)"
+        )
+    scopes = _ModuleScopes.of(rec)
+    taken = scopes.acquire(model) if links else []
+    hooked.add(id(model))
+    # One dispatch mode for the operators per recording, however many models are hooked.
+    ops = functions and not any(
+        isinstance(m, _OpScopes) and m._native is rec._native for m in _dispatch_modes()
+    )
+    try:
+        with contextlib.ExitStack() as stack:
+            if ops:
+                stack.enter_context(_OpScopes(rec))
             yield
-        finally:
-            if modules is not None:
-                modules.remove()
+    finally:
+        hooked.discard(id(model))
+        scopes.release(taken)
 
 
 # -- the observer -------------------------------------------------------------------------------
@@ -385,13 +446,13 @@ def track(
     if key in _trackers:
         raise PoolsightError("track() is already active for this recording")
     # After the checks: a refused call leaves no hooks on the model, and one that fails while
-    # installing them takes back those it installed.
-    modules = _ModuleScopes(rec, model) if (scopes and model is not None) else None
+    # installing them takes back those it installed. Module scopes are shared with hook().
+    modules = _ModuleScopes.of(rec)
+    taken = modules.acquire(model) if (scopes and model is not None) else []
     try:
         tracker = _Tracker(rec, model, optimizers)
     except BaseException:
-        if modules is not None:
-            modules.remove()
+        modules.release(taken)
         raise
     _trackers[key] = tracker
     try:
@@ -400,5 +461,4 @@ def track(
     finally:
         del _trackers[key]
         tracker.remove()
-        if modules is not None:
-            modules.remove()
+        modules.release(taken)

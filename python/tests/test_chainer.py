@@ -182,3 +182,145 @@ def test_function_scopes_nest_under_link_scopes(tmp_path):
     timers = _poolsight_json("timers", str(trace))
     by_name = {r["name"]: r["occurrence"] for r in timers["functions"]}
     assert {r["name"]: r["occurrence"] for r in functions} == by_name
+
+
+# Chainer programs where calls raise, with Chainer's own link and function TimerHooks beside
+# poolsight's hooks: a function that raises inside another function's forward (caught there:
+# reentrancy), and one that raises out of the model into the training loop (caught there).
+# Memory comes from poolsight's host pool inside the functions' forward, as CuPy's would.
+RAISING = textwrap.dedent(
+    """
+    import json, sys
+
+    import numpy as np
+    import chainer
+    import chainer.functions as F
+    import chainer.links as L
+    from chainer.function_hooks import TimerHook as FunctionTimerHook
+    from chainer.link_hooks import TimerHook as LinkTimerHook
+
+    import poolsight
+    import poolsight.chainer
+
+    MB = 1 << 20
+    rec = poolsight.record(sys.argv[1])
+    pool = poolsight.Pool(rec)
+    fail = [False]
+
+
+    def take(n):
+        pool.free(pool.malloc(n))
+
+
+    class Flaky(chainer.FunctionNode):
+        def forward(self, inputs):
+            take(3 * MB)
+            if fail[0]:
+                raise RuntimeError("bad index")
+            return inputs[0] * 2,
+
+
+    class Inner(chainer.FunctionNode):
+        def forward(self, inputs):
+            take(1 * MB)
+            return inputs[0] + 1,
+
+
+    class Outer(chainer.FunctionNode):
+        def forward(self, inputs):
+            x, = inputs
+            y, = Inner().apply((x,))
+            fail[0] = True
+            try:
+                Flaky().apply((x,))
+            except RuntimeError:
+                pass
+            finally:
+                fail[0] = False
+            return y.array,
+
+
+    class Model(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.l1 = L.Linear(None, 8)
+
+        def forward(self, x, explode):
+            h = self.l1(x)
+            h, = Outer().apply((h,))
+            fail[0] = explode
+            try:
+                h, = Flaky().apply((h,))
+            finally:
+                fail[0] = False
+            return F.sum(h)
+
+
+    x = np.ones((4, 8), np.float32)
+    model = Model()
+    link_timer, function_timer = LinkTimerHook(), FunctionTimerHook()
+    completed = 0
+    with link_timer, function_timer, poolsight.chainer.FunctionHook(rec), \\
+            poolsight.chainer.LinkHook(rec):
+        for i in range(6):
+            try:
+                model(x, explode=i in (1, 3))
+                completed += 1
+            except RuntimeError:
+                pass
+    rec.finish()
+
+    def rows(summary):
+        return [[name, v["occurrence"]] for name, v in summary.items()]
+
+    print(json.dumps({
+        "links": rows(link_timer.summary()),
+        "functions": rows(function_timer.summary()),
+        "completed": completed,
+    }))
+    """
+)
+
+
+def test_calls_that_raise_are_not_calls_as_in_chainers_hooks(tmp_path):
+    trace = tmp_path / "raising.pstrace"
+    script = tmp_path / "raising.py"
+    script.write_text(RAISING)
+    out = subprocess.run(
+        [CHAINER_PYTHON, str(script), str(trace)], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    chainer_result = json.loads(out.stdout.splitlines()[-1])
+    assert chainer_result["completed"] == 4
+
+    # The same rows and occurrences as Chainer's TimerHooks: raising calls are no calls.
+    timers = _poolsight_json("timers", str(trace))
+    assert [[r["name"], r["occurrence"]] for r in timers["links"]] == chainer_result["links"]
+    ours = sorted([r["name"], r["occurrence"]] for r in timers["functions"])
+    assert ours == sorted(chainer_result["functions"])
+
+    mb = 1 << 20
+    rows = {r["name"]: r for r in _poolsight_json("functions", str(trace))["functions"]}
+    # Flaky: 6 calls inside Outer raised, 2 at the model level raised, 4 completed.
+    assert rows["Flaky"]["occurrence"] == 4
+    assert rows["Flaky"]["used_bytes"] == 4 * 3 * mb
+    # Outer (6 calls, all completed) keeps its Inner call and the Flaky call that raised in it.
+    assert rows["Outer"]["occurrence"] == 6
+    assert rows["Outer"]["used_bytes"] == 6 * (1 + 3) * mb
+    # Outer's exclusive bytes include what the raising call allocated directly.
+    assert rows["Outer"]["self_used_bytes"] == 6 * 3 * mb
+    assert rows["Inner"]["used_bytes"] == 6 * mb
+
+    # Nothing after an exception nests under the call that raised: every frame keeps its depth.
+    depths = {}
+
+    def walk(node, depth):
+        for c in node["children"]:
+            depths.setdefault(c["function"], set()).add(depth)
+            walk(c, depth + 1)
+
+    walk(_poolsight_json("lines", str(trace))["root"], 1)
+    assert depths["Model"] == {1}, depths
+    assert depths["Outer"] == {2}, depths
+    assert depths["Flaky"] == {2, 3}, depths

@@ -284,3 +284,81 @@ def test_the_example_trains_records_and_reports(tmp_path):
     assert "aten::addmm" in proc.stdout and "Linear" in proc.stdout
     epochs = report_json("epochs", out)["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2]
+
+
+class Flaky(torch.nn.Module):
+    """Raises on the calls whose number is in `fail_on`, after allocating."""
+
+    def __init__(self, fail_on):
+        super().__init__()
+        self.fail_on, self.calls = set(fail_on), 0
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        self.calls += 1
+        h = self.lin(x)
+        if self.calls in self.fail_on:
+            raise RuntimeError("bad batch")
+        return h
+
+
+class WithFlaky(torch.nn.Module):
+    def __init__(self, fail_on):
+        super().__init__()
+        self.flaky = Flaky(fail_on)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(self.flaky(x))
+
+
+def _line_depths(node, depth=1, out=None):
+    out = [] if out is None else out
+    for c in node["children"]:
+        out.append((depth, c["function"]))
+        _line_depths(c, depth + 1, out)
+    return out
+
+
+def test_a_module_call_that_raises_is_not_a_call(trace):
+    """A batch that makes forward raise, caught by the training loop: the raising calls are no
+    calls (no occurrence, no time), and nothing after them nests under them."""
+    torch.manual_seed(0)
+    model = WithFlaky(fail_on={2, 4})
+    x, _ = make_data()
+    done = 0
+    with poolsight.record(trace):
+        with pst.track(model), pst.hook(model, functions=False):
+            for _ in range(6):
+                try:
+                    model(x[:32])
+                    done += 1
+                except RuntimeError:
+                    pass
+    assert done == 4
+    links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
+    # Linear: 6 calls inside Flaky (all completed) + 4 heads; Flaky and WithFlaky: 4 each.
+    assert links == {"Linear": 10, "Flaky": 4, "WithFlaky": 4}
+    depths = _line_depths(report_json("lines", trace)["root"])
+    assert {d for d, name in depths if name == "WithFlaky"} == {1}, depths
+    assert {d for d, name in depths if name == "Flaky"} == {2}, depths
+
+
+def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = make_data()
+    with poolsight.record(trace) as rec:
+        with pst.hook(model):
+            with pytest.raises(poolsight.PoolsightError, match="already hooked"):
+                with pst.hook(model):
+                    pass
+        # The README's way, in both orders: each module is one link scope per call.
+        with pst.track(model, opt), pst.hook(model):
+            train(model, opt, x, y, steps=2)
+        with pst.hook(model), pst.track(model, opt):
+            train(model, opt, x, y, steps=1)
+        assert rec._module_scopes._modules == {}, "every module hook is removed again"
+    links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
+    assert links == {"Linear": 6, "ReLU": 3, "Sequential": 3, "MLP": 3}

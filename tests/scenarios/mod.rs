@@ -27,6 +27,8 @@ fn recorder(path: &Path, name: &str, rank: Option<u32>) -> Recorder {
         command_line: Some(vec!["poolsight-fixture".into(), name.into()]),
         rank,
         world_size: rank.map(|_| 2),
+        // Blessing records the committed fixtures again, in place.
+        overwrite: true,
         ..RecorderConfig::default()
     };
     Recorder::create(path, config).expect("create the fixture trace")
