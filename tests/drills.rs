@@ -541,6 +541,27 @@ fn a_killed_trace_says_so_everywhere_and_counts_agree() {
         out.contains(&format!("{} events", info["total_events"])),
         "{out}"
     );
+    // The Parquet dataset refuses a partial run unless told, and then counts as info does.
+    let ds = dir.join("dataset");
+    let ds_arg = ds.to_str().unwrap();
+    let (code, _, err) = cli(&["export", "--format", "parquet", "-o", ds_arg, p]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("incomplete") && err.contains("--allow-incomplete"),
+        "{err}"
+    );
+    let args = ["export", "--format", "parquet", "--tables", "summary"];
+    let (code, _, err) = cli(&[&args[..], &["--allow-incomplete", "-o", ds_arg, p]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.contains("unfinished")).count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("{} events", info["total_events"])),
+        "{err}"
+    );
     for args in [
         vec!["functions"],
         vec!["lines"],

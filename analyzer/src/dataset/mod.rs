@@ -45,7 +45,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub enum ExportError {
     #[error(transparent)]
     Read(#[from] ReadError),
-    #[error("{path}: damaged ({what}); a dataset kept for queries should not hold partial figures: pass --allow-incomplete to export what is readable")]
+    #[error("{path}: incomplete ({what}); a dataset kept for queries should not hold partial figures: pass --allow-incomplete to export what is readable")]
     Damaged { path: PathBuf, what: String },
     #[error("{} and {} are the same trace: each file can be exported once per run", first.display(), second.display())]
     SameTrace { first: PathBuf, second: PathBuf },
@@ -116,7 +116,8 @@ pub struct ExportedTrace {
     pub path: PathBuf,
     pub run: String,
     pub rank: u32,
-    /// Rows of the `events` table (0 when only the summary was written).
+    /// The trace's events, as `info` and `report` count them (the `events` table's rows, when
+    /// it is written).
     pub events: u64,
     /// The files written, `runs` last.
     pub files: Vec<PathBuf>,
@@ -216,7 +217,6 @@ fn export_one(
     let profile = replay(trace, 0, &ReplayOptions::default());
     let progress = opts.progress.as_deref();
     let mut written = Vec::new();
-    let mut events = 0;
     if opts.tables.events() {
         let path = files::table_path(dir, "events", run, rank);
         let mut f = files::ParquetFile::create(
@@ -224,7 +224,7 @@ fn export_one(
             events::EVENTS_SCHEMA.clone(),
             events::DELTA_COLUMNS,
         )?;
-        events = events::write_events(trace, &mut f, progress)?;
+        events::write_events(trace, &mut f, progress)?;
         f.finish()?;
         written.push(path);
         let path = files::table_path(dir, "stacks", run, rank);
@@ -244,7 +244,7 @@ fn export_one(
             written.push(path);
         }
     }
-    let batch = runs::runs_batch(trace, &profile, events)?;
+    let batch = runs::runs_batch(trace, &profile)?;
     let path = files::table_path(dir, "runs", run, rank);
     let mut f = files::ParquetFile::create(path.clone(), batch.schema(), &[])?;
     f.write(&batch)?;
@@ -259,7 +259,7 @@ fn export_one(
         path: trace.path.clone(),
         run: run.to_string(),
         rank,
-        events,
+        events: profile.sources.first().map_or(0, |s| s.events),
         files: written,
         bytes,
     })

@@ -118,11 +118,7 @@ impl Fnv {
 
 /// The `runs` row of one trace: its header, whether it is whole, and the pool's figures from
 /// the replay (what `poolsight info` prints).
-pub fn runs_batch(
-    trace: &Trace,
-    profile: &Profile,
-    events: u64,
-) -> Result<RecordBatch, ExportError> {
+pub fn runs_batch(trace: &Trace, profile: &Profile) -> Result<RecordBatch, ExportError> {
     let h = &trace.header;
     let source = profile.sources.first();
     let pool = source.map(|s| s.pool.clone()).unwrap_or_default();
@@ -162,9 +158,7 @@ pub fn runs_batch(
         ("trace_path", text(&trace.path.display().to_string()), false),
         (
             "finished",
-            Arc::new(BooleanArray::from(vec![
-                trace.footer.is_some() && trace.torn_chunks() == 0,
-            ])),
+            Arc::new(BooleanArray::from(vec![trace.finished()])),
             false,
         ),
         (
@@ -174,7 +168,8 @@ pub fn runs_batch(
         ),
         ("torn_chunks", int(trace.torn_chunks() as i64), false),
         ("warnings", int(trace.warnings.len() as i64), false),
-        ("events", int(i64_of(events)), false),
+        // The replay's count, as `info` and `report` give it, whichever tables are written.
+        ("events", int(i64_of(source.map_or(0, |s| s.events))), false),
         (
             "duration_ns",
             int(i64_of(source.map_or(0, |s| s.duration_ns))),
