@@ -139,7 +139,8 @@ pub fn chrome(
 /// - memory events: `{"type":"malloc_post"|..,"ns","thread","device","stream","ptr","bytes",
 ///   "stack"}`, types as `poolsight info` names them;
 /// - scopes: `{"type":"function"|"link"|"scope","end_ns","duration_ns","stack","thread"}`;
-/// - marks: `{"type":"epoch_begin"|"epoch_end"|"cpu_sample","ns","epoch","a","b"}`.
+/// - marks: `{"type":"epoch_begin"|"epoch_end"|"cpu_sample"|"scope_abort","ns","epoch","a","b"}`
+///   (`scope_abort`: `epoch` holds the raising scope's stack id, `a` the ticks it opened at).
 ///
 /// Times are nanoseconds since the trace started. Lines are in the order chunks were reserved,
 /// which is time order within a thread but not across threads: sort by time when that matters.

@@ -116,6 +116,7 @@ pub fn mark_kind_name(k: fb::MarkKind) -> &'static str {
         fb::MarkKind::EpochBegin => "epoch_begin",
         fb::MarkKind::EpochEnd => "epoch_end",
         fb::MarkKind::CpuSample => "cpu_sample",
+        fb::MarkKind::ScopeAbort => "scope_abort",
         _ => "unknown_mark",
     }
 }
@@ -160,4 +161,5 @@ pub const EVENT_KEYS: &[&str] = &[
     "epoch_begin",
     "epoch_end",
     "cpu_sample",
+    "scope_abort",
 ];
