@@ -42,8 +42,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use poolsight::analyzer::pack::{pack, PackOptions};
-use poolsight::analyzer::report::{self, ReportOptions};
+use poolsight::analyzer::read::pack::{pack, PackOptions};
+use poolsight::analyzer::tables::report::{self, ReportOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::writer::now_ticks;
 use poolsight::recorder::{

@@ -8,13 +8,15 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use poolsight::analyzer::flamegraph::{self, Metric};
-use poolsight::analyzer::functions::{self, Unit};
-use poolsight::analyzer::report::{self, ReportOptions};
-use poolsight::analyzer::timers::{self, TimeUnit, Which};
-use poolsight::analyzer::{
-    dataset, epochs, export, html, info, lines, load, timeline, Profile, ReplayOptions, Trace,
-};
+use poolsight::analyzer::export::{self, dataset};
+use poolsight::analyzer::read::{info, load};
+use poolsight::analyzer::tables::functions::{self, Unit};
+use poolsight::analyzer::tables::report::{self, ReportOptions};
+use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};
+use poolsight::analyzer::tables::{epochs, lines};
+use poolsight::analyzer::views::flamegraph::{self, Metric};
+use poolsight::analyzer::views::{html, timeline};
+use poolsight::analyzer::{Profile, ReplayOptions, Trace};
 
 use crate::demo::{DemoDevice, DemoOptions};
 use crate::{demo, diff_cmd, term};
@@ -264,7 +266,7 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
         /// zstd level, 1 (fastest) to 22 (smallest); reading speed does not depend on it.
-        #[arg(long, default_value_t = poolsight::analyzer::packed::DEFAULT_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22))]
+        #[arg(long, default_value_t = poolsight::analyzer::read::packed::DEFAULT_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22))]
         level: i32,
     },
 }
@@ -364,7 +366,7 @@ fn parse_device(s: &str) -> Result<DemoDevice, String> {
 
 fn parse_metric(s: &str) -> Result<Metric, String> {
     s.parse()
-        .map_err(|e: poolsight::analyzer::flamegraph::ParseMetricError| e.0)
+        .map_err(|e: poolsight::analyzer::views::flamegraph::ParseMetricError| e.0)
 }
 
 fn parse_unit(s: &str) -> Result<Unit, String> {
@@ -420,7 +422,7 @@ fn emit<T: serde::Serialize>(
                 if i == 0 {
                     writeln!(out, "trace,{header}")?;
                 }
-                let cell = poolsight::analyzer::csv::cell(name);
+                let cell = poolsight::analyzer::tables::csv::cell(name);
                 for record in csv_records(rows) {
                     writeln!(out, "{cell},{record}")?;
                 }
@@ -711,11 +713,11 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             level,
         } => {
             term::check_trace_path(&trace)?;
-            let opts = poolsight::analyzer::pack::PackOptions {
+            let opts = poolsight::analyzer::read::pack::PackOptions {
                 level,
                 ..Default::default()
             };
-            let (s, warnings) = poolsight::analyzer::pack::pack_file(&trace, &output, &opts)?;
+            let (s, warnings) = poolsight::analyzer::read::pack::pack_file(&trace, &output, &opts)?;
             for w in &warnings {
                 eprintln!("poolsight: warning: {}: {w}", trace.display());
             }
@@ -787,7 +789,7 @@ fn export_parquet(
 /// Replays the traces (with the bytes live at the peak) and writes their HTML report.
 /// The traces loaded for the reports that show the blocks live at the peak (the demo's and
 /// `html`).
-fn load_with_peak(traces: &[PathBuf]) -> anyhow::Result<poolsight::analyzer::load::Loaded> {
+fn load_with_peak(traces: &[PathBuf]) -> anyhow::Result<poolsight::analyzer::read::load::Loaded> {
     term::load_traces(
         traces,
         ReplayOptions {
@@ -798,7 +800,7 @@ fn load_with_peak(traces: &[PathBuf]) -> anyhow::Result<poolsight::analyzer::loa
 }
 
 fn write_html(
-    loaded: &poolsight::analyzer::load::Loaded,
+    loaded: &poolsight::analyzer::read::load::Loaded,
     output: &Path,
     title: &str,
 ) -> anyhow::Result<()> {

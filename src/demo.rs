@@ -833,7 +833,7 @@ mod tests {
     /// demo's `epochs` table (whole MB, as fastai prints it) does not read all zeros.
     #[test]
     fn the_default_epochs_show_a_peak_in_whole_megabytes() {
-        use poolsight::analyzer::{epochs, replay, ReplayOptions, Trace};
+        use poolsight::analyzer::{replay, tables::epochs, ReplayOptions, Trace};
         let opts = DemoOptions {
             out: out("demo-epochs"),
             epochs: 1,

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
-use poolsight::analyzer::flamegraph::{self, FlameError, Metric};
-use poolsight::analyzer::incomplete;
-use poolsight::analyzer::report::{self, ReportOptions};
-use poolsight::analyzer::{html, Profile, ReplayOptions, Trace};
+use poolsight::analyzer::read::incomplete;
+use poolsight::analyzer::tables::report::{self, ReportOptions};
+use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
+use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use poolsight::analyzer::load::{self, LoadWarning, Loaded};
+use poolsight::analyzer::read::load::{self, LoadWarning, Loaded};
 use poolsight::analyzer::{Profile, ReplayOptions};
 
 pub fn warn(w: &LoadWarning) {

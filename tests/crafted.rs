@@ -7,8 +7,9 @@ mod scratch;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use poolsight::analyzer::pack::{pack, PackOptions};
-use poolsight::analyzer::{info, load, replay, report, ReadError, Trace};
+use poolsight::analyzer::read::pack::{pack, PackOptions};
+use poolsight::analyzer::read::{info, load};
+use poolsight::analyzer::{replay, tables::report, ReadError, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
 };

@@ -8,7 +8,7 @@ mod scratch;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::{info, Trace};
+use poolsight::analyzer::{read::info, Trace};
 use poolsight::recorder::{MemKind, MemRecord, Recorder, RecorderConfig, RecorderError};
 
 fn config() -> RecorderConfig {
@@ -302,7 +302,7 @@ fn a_held_reader_keeps_its_pages_and_the_trace_stays_whole() {
 
 // -- calls that raise ----------------------------------------------------------------------------
 
-use poolsight::analyzer::{functions, lines, timers};
+use poolsight::analyzer::tables::{functions, lines, timers};
 use poolsight::recorder::{Handle, Phase, ScopeKind};
 
 /// A malloc of `bytes` attributed to the scopes open on this thread.
@@ -616,7 +616,9 @@ fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
     let worker = std::thread::Builder::new()
         .stack_size(2 << 20)
         .spawn(move || {
-            use poolsight::analyzer::{diff, epochs, flamegraph, html, report};
+            use poolsight::analyzer::diff;
+            use poolsight::analyzer::tables::{epochs, report};
+            use poolsight::analyzer::views::{flamegraph, html};
             let t = Trace::open(&path).unwrap();
             let p = poolsight::analyzer::replay(&t, 0, &Default::default());
             let f = functions::functions(&p);
@@ -656,12 +658,13 @@ fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
                 html::report_page("deep", std::slice::from_ref(&t), std::slice::from_ref(&p));
             assert!(page.len() > 1000);
             let out = scratch::dir();
-            let opts = poolsight::analyzer::dataset::ExportOptions {
-                tables: poolsight::analyzer::dataset::Tables::Summary,
+            let opts = poolsight::analyzer::export::dataset::ExportOptions {
+                tables: poolsight::analyzer::export::dataset::Tables::Summary,
                 run_id: None,
                 progress: None,
             };
-            poolsight::analyzer::dataset::export(std::slice::from_ref(&t), &out, &opts).unwrap();
+            poolsight::analyzer::export::dataset::export(std::slice::from_ref(&t), &out, &opts)
+                .unwrap();
             let mut chrome = Vec::new();
             poolsight::analyzer::export::chrome(&[(&t, &p)], &mut chrome).unwrap();
         })

@@ -5,7 +5,7 @@ mod scratch;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::{info, ChunkInfo, ChunkKind, Trace};
+use poolsight::analyzer::{read::info, ChunkInfo, ChunkKind, Trace};
 use poolsight::recorder::{
     DeviceInfo, Frame, FrameKind, MarkKind, MemKind, MemRecord, Mode, Phase, Recorder,
     RecorderConfig,
@@ -699,7 +699,9 @@ mod fuzz {
     }
 
     fn analyze_everything(t: &Trace) {
-        use poolsight::analyzer::{diff, export, flamegraph, report, timeline};
+        use poolsight::analyzer::{
+            diff, export, tables::report, views::flamegraph, views::timeline,
+        };
         let opts = poolsight::analyzer::ReplayOptions {
             live_at_peak: true,
             ..Default::default()

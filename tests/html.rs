@@ -8,8 +8,8 @@ mod scratch;
 use std::path::Path;
 use std::sync::Arc;
 
-use poolsight::analyzer::html::{self, data, Part};
 use poolsight::analyzer::replay::live_over_time;
+use poolsight::analyzer::views::html::{self, data, Part};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
 use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};

@@ -16,11 +16,11 @@ use arrow_array::{
     Array, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use poolsight::analyzer::dataset::{self, ExportOptions, Tables};
-use poolsight::analyzer::epochs::{self, EpochRow};
-use poolsight::analyzer::functions::{self, FunctionRow};
+use poolsight::analyzer::export::dataset::{self, ExportOptions, Tables};
 use poolsight::analyzer::replay::EpochFigures;
-use poolsight::analyzer::{info, replay, ReplayOptions, Trace};
+use poolsight::analyzer::tables::epochs::{self, EpochRow};
+use poolsight::analyzer::tables::functions::{self, FunctionRow};
+use poolsight::analyzer::{read::info, replay, ReplayOptions, Trace};
 
 const FIXTURES: &[&str] = &[
     "chainer_nested.pstrace",

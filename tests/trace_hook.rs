@@ -237,7 +237,8 @@ fn a_global_hook_records_other_threads_with_their_own_stacks() {
 
 #[test]
 fn failed_requests_and_attempts_count_in_functions_and_lines_but_not_in_the_pool() {
-    use poolsight::analyzer::{functions, lines, replay, ReplayOptions};
+    use poolsight::analyzer::tables::{functions, lines};
+    use poolsight::analyzer::{replay, ReplayOptions};
     let _g = global_lock();
     // The device, not a limit, refuses: attempts then reach the device and fail there.
     let (rec, pool) = setup("hook-oom-counts", 4096);

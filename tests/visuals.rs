@@ -9,11 +9,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use poolsight::analyzer::flamegraph::{
+use poolsight::analyzer::tables::render::humanized;
+use poolsight::analyzer::views::flamegraph::{
     diff_folded, differential_svg, flamegraph_svg, folded, FlameError, Metric,
 };
-use poolsight::analyzer::render::humanized;
-use poolsight::analyzer::timeline::{timeline_svg, TimelineError};
+use poolsight::analyzer::views::timeline::{timeline_svg, TimelineError};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
 use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};

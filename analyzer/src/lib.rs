@@ -1,29 +1,26 @@
-//! poolsight's read side: a verified reader over memory-mapped traces, the replay that turns
-//! one or more traces into a [`Profile`], and the reports computed from it. Each report is a
-//! pure function from a [`Profile`] to a result type; rendering (table, JSON, CSV) is kept
-//! apart from the computation.
+//! poolsight's read side, grouped by what each part is:
+//!
+//! - [`read`]: reading a file — the verified reader over memory-mapped traces (the file is
+//!   untrusted input), packed traces, opening the traces of one job, `info`;
+//! - [`replay`]: turning one or more traces into a [`Profile`], in parallel, in one pass;
+//! - [`tables`]: the seed tables (Chainer's `functions` and `timers`, CuPy's `lines`, fastai's
+//!   `epochs`) and the `report` of them all, each a pure function of a [`Profile`], with its
+//!   table, JSON and CSV renderings kept apart from the computation; the one list of report
+//!   tables lives there;
+//! - [`views`]: the pictures — flamegraphs, the timeline, the interactive HTML report;
+//! - [`diff`]: two runs' figures compared, and the rules a CI gate checks;
+//! - [`export`]: traces rewritten for other tools (Chrome/Perfetto, JSON Lines) and the
+//!   Parquet dataset of many runs.
+//!
+//! The architecture and the path of one report from the file to the terminal are in
+//! `docs/architecture.md`.
 
-pub mod csv;
-pub mod dataset;
 pub mod diff;
-pub mod epochs;
 pub mod export;
-pub mod flamegraph;
-pub mod functions;
-pub mod html;
-pub mod incomplete;
-pub mod info;
-pub mod lines;
-pub mod load;
-pub mod names;
-pub mod pack;
-pub mod packed;
-pub mod reader;
-pub mod render;
+pub mod read;
 pub mod replay;
-pub mod report;
-pub mod timeline;
-pub mod timers;
+pub mod tables;
+pub mod views;
 
-pub use reader::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
+pub use read::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
 pub use replay::{replay, Profile, ReplayOptions};

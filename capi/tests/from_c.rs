@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use poolsight_analyzer::functions::functions;
+use poolsight_analyzer::tables::functions::functions;
 use poolsight_analyzer::{replay, ReplayOptions, Trace};
 
 /// Where this crate's shared library is: `cargo test` builds it beside this test binary

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::reader::DeviceDef;
+use poolsight::analyzer::read::DeviceDef;
 use poolsight::analyzer::{ChunkKind, Trace as Verified};
 use poolsight::schema::fb;
 

@@ -6,9 +6,9 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
-use crate::lines::LineNode;
 use crate::replay::signed;
-use crate::report::Report;
+use crate::tables::lines::LineNode;
+use crate::tables::report::Report;
 
 /// The report a row comes from; rendered in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

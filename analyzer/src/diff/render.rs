@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use super::compare::{Change, Diff, Row, ShowOptions, Violation};
 use super::figures::{Quantity, Section};
-use crate::render::{humanized, time_auto};
+use crate::tables::render::{humanized, time_auto};
 
 fn signed_text(v: i64, abs: impl Fn(u64) -> String) -> String {
     match v.cmp(&0) {

@@ -28,23 +28,26 @@
 //! the failed part is kept apart; the time-ordered pass counts only what the pool handed out
 //! or held (live bytes).
 
-mod ordered;
+mod downsample;
+mod merge;
 mod profile;
 mod raised;
 mod stacks;
+mod timeline;
+mod window_fold;
 mod windows;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::reader::{ChunkKind, Trace};
+use crate::read::{ChunkKind, Trace};
 
-pub use ordered::Snapshot;
 pub use profile::{
     signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Raised, Seen, Series,
     Source, NEVER,
 };
+pub use timeline::Snapshot;
 
 /// What to compute beyond the always-computed figures.
 #[derive(Debug, Clone)]
@@ -143,11 +146,11 @@ pub fn replay_split(
 }
 
 /// The per-stack pass (parallel over chunks) beside the one merge (on one thread).
-fn one_merge(trace: &Trace, opts: &ReplayOptions) -> (stacks::PerStack, ordered::Timeline) {
+fn one_merge(trace: &Trace, opts: &ReplayOptions) -> (stacks::PerStack, timeline::Timeline) {
     // The progress counts each chunk once: the per-stack pass reports it.
     let (stacks, (timeline, packed_mem)) = rayon::join(
         || stacks::per_stack(trace, true, opts.progress.as_deref()),
-        || ordered::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
+        || merge::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
     );
     (stacks.merge(packed_mem), timeline)
 }
@@ -158,13 +161,13 @@ fn assemble(
     index: u32,
     opts: &ReplayOptions,
     stacks: stacks::PerStack,
-    timeline: ordered::Timeline,
+    timeline: timeline::Timeline,
 ) -> Profile {
     let progress = opts.progress.as_deref();
     let before = progress.map(|p| p.load(Ordering::Relaxed));
     let live: HashMap<u32, u64> = match timeline.peak_ordinal {
         Some(peak) if opts.live_at_peak => {
-            ordered::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
+            merge::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
                 .snapshots
                 .pop()
                 .map(|s| s.stacks.into_iter().collect())
@@ -223,7 +226,7 @@ pub fn live_over_time(trace: &Trace, series: &Series, keep: usize) -> LiveOverTi
     let snapshots = if stops.is_empty() {
         Vec::new()
     } else {
-        ordered::in_time_order(trace, 0, stops.clone(), keep, None).snapshots
+        merge::in_time_order(trace, 0, stops.clone(), keep, None).snapshots
     };
     let by_ordinal: HashMap<u64, &Snapshot> = stops.iter().copied().zip(&snapshots).collect();
     let points: Vec<Snapshot> = series

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::names::{FrameKind, Phase};
-use crate::reader::Trace;
+use crate::read::names::{FrameKind, Phase};
+use crate::read::Trace;
 
 /// When something was first seen: (index of the trace among those merged, ns since its start).
 /// Comparing these orders rows by trace first, then by time, deterministically.

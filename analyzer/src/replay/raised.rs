@@ -13,8 +13,8 @@ use rustc_hash::FxHashMap;
 use super::profile::{Agg, Raised};
 use super::stacks::fold_mem_event;
 use super::Units;
-use crate::names::FrameKind;
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::read::names::FrameKind;
+use crate::read::{ChunkInfo, ChunkKind, Trace};
 use poolsight_schema::fb;
 
 /// One raising call: the thread that ran it, its scope's stack, and when it opened and closed.

@@ -12,8 +12,8 @@ use rustc_hash::FxHashMap;
 
 use super::profile::{Agg, CallTree, Frame, Raised};
 use super::Units;
-use crate::names::{FrameKind, Phase};
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::read::names::{FrameKind, Phase};
+use crate::read::{ChunkInfo, ChunkKind, Trace};
 
 /// Per-stack counters of part of a trace. Stack ids are dense (interned from 1), so the
 /// first ones index a vector; ids past its end (a trace with very many stacks, or a damaged

@@ -19,13 +19,12 @@ use std::sync::atomic::AtomicU64;
 use poolsight_schema::fb;
 use rayon::prelude::*;
 
-use super::ordered::{
-    mem_chunks_by_thread, merge_streams, series_shift, sorted_marks, Cursor, Sink, Stream,
-    Timeline, WindowFold,
-};
+use super::merge::{mem_chunks_by_thread, merge_streams, sorted_marks, Cursor, Sink, Stream};
 use super::stacks::{fold_mem, fold_other, PerStack};
+use super::timeline::Timeline;
+use super::window_fold::{series_shift, WindowFold};
 use super::Units;
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::read::{ChunkInfo, ChunkKind, Trace};
 
 /// Memory events per window, about: many windows per core on a large trace, few enough that
 /// a window's fixed costs (finding its cut, combining its figures) are small.

@@ -8,10 +8,10 @@ use poolsight_schema::fb;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
-use crate::render::{humanized, seconds_or_ms};
+use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
+use crate::read::{ChunkInfo, ChunkKind, Trace};
 use crate::replay::{PoolFigures, Profile};
+use crate::tables::render::{humanized, seconds_or_ms};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadInfo {
@@ -72,7 +72,7 @@ pub struct Info {
 pub fn add_replay(info: &mut Info, profile: &Profile) {
     if let Some(s) = profile.sources.first() {
         info.pool = Some(s.pool.clone());
-        info.incomplete = crate::incomplete::problems(s);
+        info.incomplete = crate::read::incomplete::problems(s);
         info.epochs = Some(s.epochs.len());
     }
 }
@@ -396,5 +396,5 @@ pub fn render_csv(infos: &[Info]) -> String {
             warnings: i.warnings.join("; "),
         })
         .collect();
-    crate::csv::to_csv(&rows)
+    crate::tables::csv::to_csv(&rows)
 }

@@ -22,7 +22,7 @@ pub fn render(data: &ReportData) -> String {
     let _ = writeln!(
         page,
         "<title>{}</title>",
-        crate::timeline::escape(&data.title)
+        crate::views::timeline::escape(&data.title)
     );
     let _ = writeln!(page, "<style>\n{STYLE}</style>\n</head>\n<body>");
     page.push_str(BODY);

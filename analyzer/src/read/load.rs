@@ -9,7 +9,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::reader::{Header, ReadError, Trace, Warning};
+use crate::read::{Header, ReadError, Trace, Warning};
 use crate::replay::{progress_total, replay, Profile, ReplayOptions};
 
 /// Why traces could not be loaded together.

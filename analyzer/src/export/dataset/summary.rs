@@ -10,11 +10,11 @@ use arrow_schema::{Field, Schema};
 
 use super::events::i64_of;
 use super::ExportError;
-use crate::epochs::{self, EpochRow};
-use crate::functions::{self, FunctionRow};
-use crate::lines::{self, LineNode};
 use crate::replay::Profile;
-use crate::timers::{self, TimerRow};
+use crate::tables::epochs::{self, EpochRow};
+use crate::tables::functions::{self, FunctionRow};
+use crate::tables::lines::{self, LineNode};
+use crate::tables::timers::{self, TimerRow};
 
 /// The summary tables of a one-trace profile, as (table name, batch).
 pub fn batches(p: &Profile) -> Result<Vec<(&'static str, RecordBatch)>, ExportError> {

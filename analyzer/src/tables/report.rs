@@ -3,12 +3,12 @@
 
 use serde::Serialize;
 
-use crate::epochs::{self, Epochs};
-use crate::functions::{self, Functions, Unit};
-use crate::lines::{self, Lines};
-use crate::render::{humanized, seconds};
 use crate::replay::Profile;
-use crate::timers::{self, TimeUnit, Timers, Which};
+use crate::tables::epochs::{self, Epochs};
+use crate::tables::functions::{self, Functions, Unit};
+use crate::tables::lines::{self, Lines};
+use crate::tables::render::{humanized, seconds};
+use crate::tables::timers::{self, TimeUnit, Timers, Which};
 
 /// Headline figures. With several traces (ranks), peaks are the largest rank's and counts
 /// are summed.
@@ -170,7 +170,7 @@ pub fn render_csv(r: &Report, section: Section) -> String {
     match section {
         Section::Summary => {
             let s = &r.summary;
-            crate::csv::to_csv(&[SummaryRow {
+            crate::tables::csv::to_csv(&[SummaryRow {
                 traces: s.traces.join(";"),
                 events: s.events,
                 duration_ns: s.duration_ns,

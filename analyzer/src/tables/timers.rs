@@ -10,10 +10,10 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::csv::to_csv;
-use crate::names::FrameKind;
-use crate::render::{right_aligned, time_in, time_unit_of, TIME_UNITS};
+use crate::read::names::FrameKind;
 use crate::replay::{Profile, Seen};
+use crate::tables::csv::to_csv;
+use crate::tables::render::{right_aligned, time_in, time_unit_of, TIME_UNITS};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TimerRow {

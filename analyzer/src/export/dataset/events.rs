@@ -18,8 +18,8 @@ use poolsight_schema::fb;
 
 use super::files::ParquetFile;
 use super::ExportError;
-use crate::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
-use crate::reader::{ChunkInfo, ChunkKind, Trace};
+use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
+use crate::read::{ChunkInfo, ChunkKind, Trace};
 use crate::replay::Units;
 
 /// Rows per Arrow batch, each one row group of the `events` file: large enough for good
@@ -33,9 +33,9 @@ const BATCH_ROWS: usize = 1 << 18;
 const MAX_STACK_DEPTH: u32 = 4096;
 
 /// The `kind` column's values, in the order of their dictionary codes: `info`'s event keys
-/// ([`crate::names::EVENT_KEYS`]), then two for kinds this reader does not know.
+/// ([`crate::read::names::EVENT_KEYS`]), then two for kinds this reader does not know.
 static KINDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-    let mut kinds = crate::names::EVENT_KEYS.to_vec();
+    let mut kinds = crate::read::names::EVENT_KEYS.to_vec();
     kinds.extend(["unknown_mem", "unknown_mark"]);
     kinds
 });

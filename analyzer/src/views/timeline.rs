@@ -7,8 +7,8 @@
 
 use std::fmt::Write as _;
 
-use crate::render::{humanized, time_auto};
 use crate::replay::{Profile, Source};
+use crate::tables::render::{humanized, time_auto};
 
 /// Why no timeline could be drawn.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

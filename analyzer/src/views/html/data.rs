@@ -10,12 +10,12 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::epochs::{self, Epochs};
-use crate::flamegraph::{frame_display, Metric};
-use crate::functions::{self, Functions};
-use crate::lines::{self, Lines};
 use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Source};
-use crate::timers::{self, Timers};
+use crate::tables::epochs::{self, Epochs};
+use crate::tables::functions::{self, Functions};
+use crate::tables::lines::{self, Lines};
+use crate::tables::timers::{self, Timers};
+use crate::views::flamegraph::{frame_display, Metric};
 
 /// Stacks drawn as their own band in a timeline; the others are summed in one "other" band.
 pub const TOP_STACKS: usize = 10;

@@ -31,8 +31,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::csv::to_csv;
 use crate::replay::{signed, EpochFigures, Profile};
+use crate::tables::csv::to_csv;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct EpochRow {

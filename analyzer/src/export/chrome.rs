@@ -1,21 +1,6 @@
-//! `poolsight export`: traces rewritten for other tools.
-//!
-//! - [`chrome`]: the Chrome/Perfetto trace event JSON, so scopes, pool counters, epochs and
-//!   out-of-memory events can be browsed in `ui.perfetto.dev` or `chrome://tracing`.
-//! - [`jsonl`]: one JSON object per line (stacks first, then every event), for pandas and
-//!   `jq` users who want the raw events rather than a report.
-//!
-//! Both stream: events are written as the chunks are walked, straight from the mapping, and each
-//! chunk's pages are handed back to the kernel once written, so a trace of many GB exports in a
-//! few MB of memory (what is kept is per interned stack, not per event). Both are deterministic:
-//! chunks are walked in the order they were reserved and nothing comes from hash-map iteration,
-//! so the same trace gives the same bytes, and exports can be diffed or kept as golden files.
-//!
-//! Times are integer nanoseconds since the trace started, taken from [`Trace::ns_since_start`];
-//! a scope's start is its close time minus its duration, converted from ticks separately, so a
-//! scope opened and closed within its parent stays within it after conversion.
+//! The Chrome/Perfetto trace event JSON, so scopes, pool counters, epochs and out-of-memory
+//! events can be browsed in `ui.perfetto.dev` or `chrome://tracing`.
 
-use std::borrow::Cow;
 use std::collections::hash_map::Entry;
 use std::fmt;
 use std::io::{self, BufWriter, Write};
@@ -23,37 +8,9 @@ use std::io::{self, BufWriter, Write};
 use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
-use crate::names::{mark_kind_name, mem_kind_name, scope_category, FrameKind, Phase};
-use crate::reader::{ChunkKind, Defs, Trace};
+use super::{json_str, scope_span, scope_text, ExportError, ExportSummary, BUFFER_BYTES};
+use crate::read::{ChunkKind, Defs, Trace};
 use crate::replay::{Profile, Source};
-
-/// Why an export stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum ExportError {
-    /// Writing the output failed (disk full, closed pipe, ...).
-    #[error("writing the export: {0}")]
-    Io(#[from] io::Error),
-    /// The profile handed in with a trace holds no figures for it.
-    #[error("{path}: the profile given with this trace has no source for it")]
-    NoSource { path: String },
-}
-
-/// What an export wrote, for the CLI's one-line confirmation and for tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ExportSummary {
-    /// Objects written: entries of `traceEvents` (chrome) or lines (jsonl).
-    pub records: u64,
-    /// Scope events (closed functions, links and user scopes).
-    pub scopes: u64,
-    /// Memory events: every one (jsonl), or the out-of-memory instants (chrome).
-    pub mem_events: u64,
-    /// Mark events (jsonl), or epoch slices (chrome).
-    pub marks: u64,
-    /// Interned stacks written (jsonl).
-    pub stacks: u64,
-    /// Counter samples of the pool's used and acquired bytes (chrome).
-    pub counters: u64,
-}
 
 /// The thread id of the epochs track in the Chrome export. Recorder threads are numbered up
 /// from 1, so the top id never names one; it stays a `u32`, which the Perfetto importer needs.
@@ -65,10 +22,6 @@ pub const USED_TRACK: &str = "pool used bytes";
 pub const HELD_TRACK: &str = "pool held bytes";
 /// Counter track of the CPU memory the recorder read.
 pub const CPU_TRACK: &str = "cpu bytes";
-
-/// Output buffer: callers hand in any writer (a file, stdout, a `Vec`), and the small writes
-/// of one event each must not each become a syscall.
-const BUFFER_BYTES: usize = 1 << 16;
 
 /// Writes the traces as Chrome/Perfetto trace event JSON (`{"traceEvents":[...]}`).
 ///
@@ -129,105 +82,6 @@ pub fn chrome(
     w.out.write_all(b"\n],\"displayTimeUnit\":\"ns\"}\n")?;
     w.out.flush()?;
     Ok(w.summary)
-}
-
-/// Writes one trace as JSON Lines: first a `stack` line per interned stack (by id), then every
-/// event in chunk order, rebase markers left out. The keys are stable (scripts rely on them):
-///
-/// - `{"type":"stack","id","parent","file","line","name","kind","phase"}`, `kind` one of site,
-///   function, link, scope, foreign;
-/// - memory events: `{"type":"malloc_post"|..,"ns","thread","device","stream","ptr","bytes",
-///   "stack"}`, types as `poolsight info` names them;
-/// - scopes: `{"type":"function"|"link"|"scope","end_ns","duration_ns","stack","thread"}`;
-/// - marks: `{"type":"epoch_begin"|"epoch_end"|"cpu_sample"|"scope_abort","ns","epoch","a","b"}`
-///   (`scope_abort`: `epoch` holds the raising scope's stack id, `a` the ticks it opened at).
-///
-/// Times are nanoseconds since the trace started. Lines are in the order chunks were reserved,
-/// which is time order within a thread but not across threads: sort by time when that matters.
-pub fn jsonl(trace: &Trace, out: &mut dyn Write) -> Result<ExportSummary, ExportError> {
-    let mut w = BufWriter::with_capacity(BUFFER_BYTES, out);
-    let mut summary = ExportSummary::default();
-    let defs = &trace.defs;
-    let mut ids: Vec<u32> = defs.stacks.keys().copied().collect();
-    ids.sort_unstable();
-    for id in ids {
-        let Some(&(parent, frame)) = defs.stacks.get(&id) else {
-            continue;
-        };
-        let f = frame_text(defs, frame);
-        write!(
-            w,
-            "{{\"type\":\"stack\",\"id\":{id},\"parent\":{parent},\"file\":"
-        )?;
-        json_str(&mut w, f.file)?;
-        write!(w, ",\"line\":{},\"name\":", f.line)?;
-        json_str(&mut w, &f.name)?;
-        writeln!(
-            w,
-            ",\"kind\":\"{}\",\"phase\":\"{}\"}}",
-            f.kind.as_str(),
-            f.phase.as_str()
-        )?;
-        summary.stacks += 1;
-    }
-    // Scope kinds by stack: one lookup chain per stack, not per event.
-    let mut scope_kinds: FxHashMap<u32, &'static str> = FxHashMap::default();
-    for c in &trace.chunks {
-        match c.kind {
-            ChunkKind::Mem => {
-                for (ticks, e) in trace.mem_timeline(c) {
-                    writeln!(
-                        w,
-                        "{{\"type\":\"{}\",\"ns\":{},\"thread\":{},\"device\":{},\"stream\":{},\"ptr\":{},\"bytes\":{},\"stack\":{}}}",
-                        mem_kind_name(e.kind()),
-                        trace.ns_since_start(ticks),
-                        c.thread,
-                        e.device(),
-                        e.stream(),
-                        e.ptr(),
-                        e.bytes(),
-                        e.stack(),
-                    )?;
-                    summary.mem_events += 1;
-                }
-            }
-            ChunkKind::Scope => {
-                for (end_ticks, e) in trace.scope_timeline(c) {
-                    let stack = e.stack();
-                    let kind = *scope_kinds
-                        .entry(stack)
-                        .or_insert_with(|| scope_text(defs, stack).category());
-                    let (start_ns, end_ns) = scope_span(trace, end_ticks, e.duration());
-                    writeln!(
-                        w,
-                        "{{\"type\":\"{kind}\",\"end_ns\":{end_ns},\"duration_ns\":{},\"stack\":{stack},\"thread\":{}}}",
-                        end_ns - start_ns,
-                        c.thread,
-                    )?;
-                    summary.scopes += 1;
-                }
-            }
-            ChunkKind::Mark => {
-                for e in trace.mark_events(c) {
-                    writeln!(
-                        w,
-                        "{{\"type\":\"{}\",\"ns\":{},\"epoch\":{},\"a\":{},\"b\":{}}}",
-                        mark_kind_name(e.kind()),
-                        trace.ns_since_start(e.ticks()),
-                        e.aux(),
-                        e.a(),
-                        e.b(),
-                    )?;
-                    summary.marks += 1;
-                }
-            }
-            ChunkKind::Defs | ChunkKind::Footer => {}
-        }
-        trace.release_pages(c);
-    }
-    w.flush()?;
-    summary.records = summary.stacks + summary.mem_events + summary.scopes + summary.marks;
-    Ok(summary)
 }
 
 /// The profile's figures for this trace: matched by path, so one merged profile of several
@@ -455,14 +309,6 @@ impl ChromeProcess<'_> {
     }
 }
 
-/// A scope's (start, end) in ns since the trace started. Each end is converted on its own, and
-/// the conversion never decreases, so nesting in ticks is nesting in ns.
-fn scope_span(trace: &Trace, end_ticks: u64, duration_ticks: u64) -> (u64, u64) {
-    let end = trace.ns_since_start(end_ticks);
-    let start = trace.ns_since_start(end_ticks.saturating_sub(duration_ticks));
-    (start.min(end), end)
-}
-
 /// `{"<key>":"<text>"}` with the text escaped.
 fn name_args(key: &str, text: &str) -> io::Result<String> {
     let mut buf = Vec::new();
@@ -489,12 +335,6 @@ fn scope_fields(defs: &Defs, stack: u32) -> io::Result<String> {
     String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// A JSON string literal. serde_json does the escaping: names come from the traced program and
-/// may hold quotes, backslashes, control characters or any Unicode.
-fn json_str(w: &mut dyn Write, s: &str) -> io::Result<()> {
-    serde_json::to_writer(w, s).map_err(io::Error::from)
-}
-
 /// Nanoseconds written as microseconds with exactly three decimals: Chrome's unit, without the
 /// rounding a float conversion would add.
 struct Micros(u64);
@@ -502,53 +342,6 @@ struct Micros(u64);
 impl fmt::Display for Micros {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}.{:03}", self.0 / 1000, self.0 % 1000)
-    }
-}
-
-/// One frame as the exports print it. A damaged trace may name a frame or stack it never
-/// defined; those print as `?` and `<undefined ...>` rather than stopping the export.
-struct FrameText<'d> {
-    kind: FrameKind,
-    phase: Phase,
-    file: &'d str,
-    line: u32,
-    name: Cow<'d, str>,
-}
-
-impl FrameText<'_> {
-    fn category(&self) -> &'static str {
-        scope_category(self.kind)
-    }
-}
-
-fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
-    match defs.frames.get(&frame) {
-        Some(f) => FrameText {
-            kind: f.kind.into(),
-            phase: f.phase.into(),
-            file: defs.string(f.file),
-            line: f.line,
-            name: Cow::Borrowed(defs.string(f.name)),
-        },
-        None => undefined(format!("<undefined frame {frame}>")),
-    }
-}
-
-/// The innermost frame of a scope's stack: the scope itself.
-fn scope_text(defs: &Defs, stack: u32) -> FrameText<'_> {
-    match defs.stacks.get(&stack) {
-        Some(&(_, frame)) => frame_text(defs, frame),
-        None => undefined(format!("<undefined stack {stack}>")),
-    }
-}
-
-fn undefined(name: String) -> FrameText<'static> {
-    FrameText {
-        kind: FrameKind::Unknown,
-        phase: Phase::None,
-        file: "?",
-        line: 0,
-        name: Cow::Owned(name),
     }
 }
 

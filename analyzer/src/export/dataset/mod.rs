@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::reader::{ChunkKind, ReadError, Trace};
+use crate::read::{ChunkKind, ReadError, Trace};
 use crate::replay::{replay, ReplayOptions};
 
 pub use files::{MARKER, VERSION_KEY};
@@ -143,7 +143,7 @@ pub fn open<P: AsRef<Path> + Sync>(
             });
         }
         for b in &traces[..i] {
-            if crate::load::same_recording(&a.header, &b.header) {
+            if crate::read::load::same_recording(&a.header, &b.header) {
                 return Err(ExportError::SameTrace {
                     first: b.path.clone(),
                     second: a.path.clone(),

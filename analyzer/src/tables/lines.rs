@@ -13,9 +13,9 @@
 
 use serde::Serialize;
 
-use crate::csv::to_csv;
-use crate::render::humanized;
 use crate::replay::{Agg, CallTree, Profile};
+use crate::tables::csv::to_csv;
+use crate::tables::render::humanized;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Lines {

@@ -18,10 +18,10 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::csv::to_csv;
-use crate::names::FrameKind;
-use crate::render::{bytes_in, choose_byte_unit, right_aligned, BYTE_UNITS};
+use crate::read::names::FrameKind;
 use crate::replay::{Profile, Raised, Seen, NEVER};
+use crate::tables::csv::to_csv;
+use crate::tables::render::{bytes_in, choose_byte_unit, right_aligned, BYTE_UNITS};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct FunctionRow {

@@ -27,7 +27,7 @@ use arrow_schema::{Field, Schema};
 
 use super::events::i64_of;
 use super::{ExportError, SCHEMA_VERSION};
-use crate::reader::Trace;
+use crate::read::Trace;
 use crate::replay::Profile;
 
 /// A trace's rank: the header's, or 0 for a process that gave none (a run of one).

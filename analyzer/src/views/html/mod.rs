@@ -12,7 +12,7 @@ pub mod page;
 pub use data::{diff, report, Part, ReportData};
 pub use page::render;
 
-use crate::reader::Trace;
+use crate::read::Trace;
 use crate::replay::{live_over_time, LiveOverTime, Profile};
 
 /// Stacks kept per timeline point for the live-at-an-instant view (the rest are summed).
