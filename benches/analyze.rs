@@ -43,7 +43,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use poolsight::analyzer::read::pack::{pack, PackOptions};
-use poolsight::analyzer::tables::report::{self, ReportOptions};
+use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::writer::now_ticks;
 use poolsight::recorder::{
@@ -735,8 +735,8 @@ fn child_analyze(path: &Path) -> Res<()> {
     let after_replay = memory_status();
     // The reports, computed and rendered as `poolsight report` prints them.
     let opts = ReportOptions::default();
-    let report = report::compute(&profile, &opts);
-    std::hint::black_box(report::render_table(&report, &opts));
+    let report = Report::compute(&profile, &opts);
+    std::hint::black_box(report.render_table(&opts));
     let report_s = Some(t2.elapsed().as_secs_f64());
     let events: u64 = profile.sources.iter().map(|s| s.events).sum();
     std::hint::black_box(&profile);

@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use poolsight::analyzer::export::{self, dataset};
 use poolsight::analyzer::read::{info, load};
 use poolsight::analyzer::tables::functions::{self, Unit};
-use poolsight::analyzer::tables::report::{self, ReportOptions};
 use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};
+use poolsight::analyzer::tables::{self, Report, ReportOptions};
 use poolsight::analyzer::tables::{epochs, lines};
 use poolsight::analyzer::views::flamegraph::{self, Metric};
 use poolsight::analyzer::views::{html, timeline};
@@ -172,7 +172,7 @@ enum Command {
         /// With --format csv: which table to write (a CSV file holds one table): summary,
         /// functions, lines, timers or epochs. Each command's own --format csv gives the same.
         #[arg(long, value_parser = parse_section)]
-        table: Option<report::Section>,
+        table: Option<&'static str>,
     },
     /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
     ///
@@ -346,17 +346,13 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 fn section_names() -> String {
-    report::Section::ALL
-        .iter()
-        .map(|s| s.name())
-        .collect::<Vec<_>>()
-        .join("|")
+    tables::names().join("|")
 }
 
-fn parse_section(s: &str) -> Result<report::Section, String> {
-    report::Section::ALL
+fn parse_section(s: &str) -> Result<&'static str, String> {
+    tables::names()
         .into_iter()
-        .find(|t| t.name() == s)
+        .find(|t| *t == s)
         .ok_or_else(|| format!("unknown table {s:?}: expected {}", section_names()))
 }
 
@@ -498,8 +494,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let loaded = load_with_peak(std::slice::from_ref(&outcome.path))?;
             let profile = &loaded.profiles[0];
             let opts = ReportOptions::default();
-            let r = report::compute(profile, &opts);
-            write!(out, "{}", report::render_table(&r, &opts))?;
+            let r = Report::compute(profile, &opts);
+            write!(out, "{}", r.render_table(&opts))?;
             out.flush()?;
             let svg_path = outcome.path.with_extension("svg");
             let title = format!(
@@ -695,16 +691,16 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 (_, Some(_)) => {
                     anyhow::bail!("--table chooses a CSV table: use it with --format csv")
                 }
-                (_, None) => report::Section::Summary,
+                (_, None) => "summary",
             };
             let opts = ReportOptions::default();
-            let v = computed(&input, |p| report::compute(p, &opts))?;
+            let v = computed(&input, |p| Report::compute(p, &opts))?;
             emit(
                 &mut out,
                 input.format,
                 &v,
-                |r| report::render_table(r, &opts),
-                |r| report::render_csv(r, section),
+                |r| r.render_table(&opts),
+                |r| r.render_csv(section).unwrap_or_default(),
             )?;
         }
         Command::Pack {

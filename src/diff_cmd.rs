@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
 use poolsight::analyzer::read::incomplete;
-use poolsight::analyzer::tables::report::{self, ReportOptions};
+use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
@@ -140,7 +140,7 @@ fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::R
         let mut loaded = crate::term::load_traces(std::slice::from_ref(path), replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
-        figures.push(Figures::of(&report::compute(&profile, &opts)));
+        figures.push(Figures::of(&Report::compute(&profile, &opts)));
         if i == 0 && keep_first {
             first = Some((trace, profile));
         }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use poolsight::analyzer::read::pack::{pack, PackOptions};
 use poolsight::analyzer::read::{info, load};
-use poolsight::analyzer::{replay, tables::report, ReadError, Trace};
+use poolsight::analyzer::tables::{Report, ReportOptions};
+use poolsight::analyzer::{replay, ReadError, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
 };
@@ -67,9 +68,9 @@ fn small_trace(path: &Path) -> Vec<u8> {
 }
 
 /// What a trace says: every report, and the info record without its path.
-fn outcome(t: &Trace) -> (report::Report, String) {
+fn outcome(t: &Trace) -> (Report, String) {
     let p = replay(t, 0, &Default::default());
-    let mut r = report::compute(&p, &report::ReportOptions::default());
+    let mut r = Report::compute(&p, &ReportOptions::default());
     r.summary.traces.clear();
     let mut i = info::info(t);
     info::add_replay(&mut i, &p);

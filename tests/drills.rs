@@ -617,7 +617,7 @@ fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
         .stack_size(2 << 20)
         .spawn(move || {
             use poolsight::analyzer::diff;
-            use poolsight::analyzer::tables::{epochs, report};
+            use poolsight::analyzer::tables::{epochs, Report};
             use poolsight::analyzer::views::{flamegraph, html};
             let t = Trace::open(&path).unwrap();
             let p = poolsight::analyzer::replay(&t, 0, &Default::default());
@@ -636,8 +636,8 @@ fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
             assert!(serde_json::to_string(&l).unwrap().contains("Recurse"));
             let tm = timers::timers(&p);
             assert_eq!(tm.links[0].occurrence, 50_000);
-            let r = report::compute(&p, &Default::default());
-            assert!(!report::render_table(&r, &Default::default()).is_empty());
+            let r = Report::compute(&p, &Default::default());
+            assert!(!r.render_table(&Default::default()).is_empty());
             assert!(serde_json::to_string(&r).unwrap().len() > 1000);
             assert!(!epochs::render_table(&r.epochs).is_empty());
             let folded = flamegraph::folded(&p, flamegraph::Metric::Used);

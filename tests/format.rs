@@ -699,18 +699,17 @@ mod fuzz {
     }
 
     fn analyze_everything(t: &Trace) {
-        use poolsight::analyzer::{
-            diff, export, tables::report, views::flamegraph, views::timeline,
-        };
+        use poolsight::analyzer::tables::{self, Report, ReportOptions};
+        use poolsight::analyzer::{diff, export, views::flamegraph, views::timeline};
         let opts = poolsight::analyzer::ReplayOptions {
             live_at_peak: true,
             ..Default::default()
         };
         let p = poolsight::analyzer::replay(t, 0, &opts);
-        let r = report::compute(&p, &report::ReportOptions::default());
-        let _ = report::render_table(&r, &report::ReportOptions::default());
-        for section in report::Section::ALL {
-            let _ = report::render_csv(&r, section);
+        let r = Report::compute(&p, &ReportOptions::default());
+        let _ = r.render_table(&ReportOptions::default());
+        for name in tables::names() {
+            let _ = r.render_csv(name);
         }
         for m in flamegraph::Metric::ALL {
             let _ = flamegraph::flamegraph_svg(&p, m, "fuzz");
@@ -722,9 +721,9 @@ mod fuzz {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/traces/chainer_nested.pstrace"),
         )
         .unwrap();
-        let base = report::compute(
+        let base = Report::compute(
             &poolsight::analyzer::replay(&intact, 0, &Default::default()),
-            &report::ReportOptions::default(),
+            &ReportOptions::default(),
         );
         let rules: Vec<diff::Rule> = ["peak_used>+5%", "function:*.used>1MB", "time>+20%"]
             .iter()

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use serde::{Serialize, Serializer};
 
-use super::figures::{Figure, Figures, Quantity, Section, HEADLINE};
 use super::rules::Rule;
+use crate::tables::{diff_keys, Figure, Figures, Quantity, Section};
 
 /// One key compared: `None` on a side that has no such key (added or removed).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -115,11 +115,13 @@ pub(super) fn percent(base: i64, new: i64) -> Option<f64> {
     Some(delta / (base as f64).abs() * 100.0)
 }
 
+/// A headline key's place in the order the summary table declares them.
 fn headline_rank(key: &str) -> usize {
-    HEADLINE
+    diff_keys()
         .iter()
-        .position(|(k, _, _)| *k == key)
-        .unwrap_or(HEADLINE.len())
+        .filter(|(_, k)| k.scope.is_empty())
+        .position(|(_, k)| k.figure == key)
+        .unwrap_or(usize::MAX)
 }
 
 /// Display order: sections in order; the headline as listed; elsewhere bytes, then time, then
@@ -127,7 +129,7 @@ fn headline_rank(key: &str) -> usize {
 /// print identically.
 fn display_order(a: &Row, b: &Row) -> Ordering {
     a.section.cmp(&b.section).then_with(|| {
-        if a.section == Section::Headline {
+        if a.section == Section::HEADLINE {
             return headline_rank(&a.key).cmp(&headline_rank(&b.key));
         }
         a.quantity
@@ -210,18 +212,18 @@ impl Diff {
     /// The rows to show, by section, in display order. The headline is always shown whole:
     /// "peak used did not move" is an answer a reader looks for.
     pub fn shown(&self, opts: &ShowOptions) -> Vec<Shown<'_>> {
-        Section::ALL
-            .iter()
-            .map(|&section| {
+        Section::all()
+            .into_iter()
+            .map(|section| {
                 let rows: Vec<&Row> = self
                     .rows
                     .iter()
                     .filter(|r| r.section == section)
-                    .filter(|r| section == Section::Headline || opts.all || r.changed())
+                    .filter(|r| section == Section::HEADLINE || opts.all || r.changed())
                     .collect();
-                let cap = match (section, opts.top) {
-                    (Section::Headline, _) | (_, None) => rows.len(),
-                    (_, Some(n)) => n.min(rows.len()),
+                let cap = match opts.top {
+                    Some(n) if section != Section::HEADLINE => n.min(rows.len()),
+                    _ => rows.len(),
                 };
                 let more = rows.len() - cap;
                 Shown {

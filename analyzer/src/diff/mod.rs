@@ -28,13 +28,12 @@
 //! brand-new allocation through would be no gate.
 
 mod compare;
-mod figures;
 mod render;
 mod rules;
 #[cfg(test)]
 mod tests;
 
+pub use crate::tables::{Figure, Figures, Quantity, Section};
 pub use compare::{compare, Change, Diff, DiffJson, Row, ShowOptions, Shown, Violation};
-pub use figures::{Figure, Figures, Quantity, Section};
 pub use render::{render_markdown, render_table};
 pub use rules::{parse_rules_file, Rule, RuleError, RuleProblem, RulesFileError, Threshold};

@@ -4,8 +4,8 @@ use std::cmp::Ordering;
 use std::fmt::Write as _;
 
 use super::compare::{Change, Diff, Row, ShowOptions, Violation};
-use super::figures::{Quantity, Section};
 use crate::tables::render::{humanized, time_auto};
+use crate::tables::{Quantity, Section};
 
 fn signed_text(v: i64, abs: impl Fn(u64) -> String) -> String {
     match v.cmp(&0) {
@@ -206,7 +206,7 @@ pub fn render_markdown(d: &Diff, opts: &ShowOptions) -> String {
         let _ = writeln!(out, "⚠️ rule {} matched no figure of either run\n", code(r));
     }
     for s in d.shown(opts) {
-        if s.section == Section::Headline {
+        if s.section == Section::HEADLINE {
             md_table(&mut out, "headline", &s.rows);
             out.push('\n');
             continue;

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 
 use super::compare::{percent, Change, Row};
-use super::figures::{Quantity, HEADLINE, SCOPES};
+use crate::tables::{diff_keys, Quantity};
 
 /// A rule's threshold.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,7 +60,7 @@ pub enum RuleProblem {
     },
     #[error("`{0}` names no {1}: the name before the figure is empty")]
     EmptyName(String, &'static str),
-    #[error("epoch `{0}` is not an epoch number (or `*`)")]
+    #[error("epoch `{0}` is not an epoch number, `fit:number` (a later fit's epoch) or `*`")]
     BadEpoch(String),
     #[error(
         "`{0}` is not a value: expected a percentage (+5%), a size (+64MB), a duration (+100ms, 2s) or a plain number"
@@ -178,22 +178,25 @@ fn parse_rule(text: &str) -> Result<Rule, RuleProblem> {
 }
 
 fn parse_metric(m: &str) -> Result<(String, Quantity), RuleProblem> {
-    if let Some((key, _, q)) = HEADLINE
+    let keys = diff_keys();
+    if let Some((_, k)) = keys
         .iter()
-        .find(|(k, alias, _)| *k == m || *alias == Some(m))
+        .find(|(_, k)| k.scope.is_empty() && (k.figure == m || k.alias == Some(m)))
     {
-        return Ok((key.to_string(), *q));
+        return Ok((k.figure.to_string(), k.quantity));
     }
     let unknown = || RuleProblem::UnknownMetric(m.to_string());
     let (scope, rest) = m.split_once(':').ok_or_else(unknown)?;
-    let (scope, figures) = SCOPES
+    let figures: Vec<_> = keys
         .iter()
-        .find(|(s, _)| *s == scope)
-        .ok_or_else(unknown)?;
+        .map(|(_, k)| k)
+        .filter(|k| !k.scope.is_empty() && k.scope == scope)
+        .collect();
+    let scope = figures.first().map(|k| k.scope).ok_or_else(unknown)?;
     let expected = || {
         figures
             .iter()
-            .map(|(f, _, _)| *f)
+            .map(|k| k.figure)
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -203,7 +206,11 @@ fn parse_metric(m: &str) -> Result<(String, Quantity), RuleProblem> {
         scope,
         expected: expected(),
     })?;
-    let Some(&(_, _, quantity)) = figures.iter().find(|(f, _, _)| *f == figure) else {
+    let Some(quantity) = figures
+        .iter()
+        .find(|k| k.figure == figure)
+        .map(|k| k.quantity)
+    else {
         return Err(RuleProblem::UnknownFigure {
             scope,
             figure: figure.to_string(),
@@ -213,10 +220,22 @@ fn parse_metric(m: &str) -> Result<(String, Quantity), RuleProblem> {
     if name.is_empty() {
         return Err(RuleProblem::EmptyName(m.to_string(), scope));
     }
-    if *scope == "epoch" && name != "*" && name.parse::<u32>().is_err() {
+    if scope == "epoch" && name != "*" && !is_epoch_key(name) {
         return Err(RuleProblem::BadEpoch(name.to_string()));
     }
     Ok((format!("{scope}:{name}.{figure}"), quantity))
+}
+
+/// An epoch's key: its number, or `fit:number` for the epochs of a later fit.
+fn is_epoch_key(name: &str) -> bool {
+    let epoch = name.rsplit_once(':').map_or(name, |(fit, epoch)| {
+        if fit.parse::<u32>().is_ok() {
+            epoch
+        } else {
+            ""
+        }
+    });
+    epoch.parse::<u32>().is_ok()
 }
 
 /// Units a value may carry, with their multipliers; byte units are case-insensitive, time

@@ -1,8 +1,8 @@
 use super::compare::median;
-use super::figures::{figure_of, HEADLINE};
 use super::render::{change_text, code, value_text};
 use super::rules::glob;
 use super::*;
+use crate::tables::diff_keys;
 
 fn rule(s: &str) -> Rule {
     s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
@@ -16,17 +16,18 @@ fn problem(s: &str) -> RuleProblem {
 }
 
 fn run(figs: &[(&str, i64)]) -> Figures {
+    let keys = diff_keys();
     let mut f = Figures::default();
     for &(k, v) in figs {
-        let (section, quantity) = if let Some((_, _, q)) = HEADLINE.iter().find(|(h, _, _)| *h == k)
-        {
-            (Section::Headline, *q)
-        } else {
-            let (scope, rest) = k.split_once(':').expect("scoped");
-            let (_, fig) = rest.rsplit_once('.').expect("figure");
-            figure_of(scope, fig).expect("known figure")
+        let (scope, figure) = match k.split_once(':') {
+            Some((scope, rest)) => (scope, rest.rsplit_once('.').expect("figure").1),
+            None => ("", k),
         };
-        f.put(k.into(), section, quantity, v);
+        let (section, key) = keys
+            .iter()
+            .find(|(_, d)| d.scope == scope && d.figure == figure)
+            .expect("known figure");
+        f.put(k.into(), *section, key.quantity, v);
     }
     f
 }
@@ -152,7 +153,7 @@ fn identical_runs_cross_no_rule_and_show_only_the_headline() {
     assert!(!d.failed(), "{:?}", d.violations);
     assert!(d.unmatched_rules.is_empty());
     let shown = d.json(&ShowOptions::default());
-    assert!(shown.rows.iter().all(|r| r.section == Section::Headline));
+    assert!(shown.rows.iter().all(|r| r.section == Section::HEADLINE));
     assert_eq!(shown.rows.len(), 2);
     let all = d.json(&ShowOptions {
         all: true,

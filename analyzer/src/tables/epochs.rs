@@ -31,6 +31,13 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+
+use super::columns::html_rows;
+use super::{
+    Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
+};
 use crate::replay::{signed, EpochFigures, Profile};
 use crate::tables::csv::to_csv;
 
@@ -185,6 +192,82 @@ pub fn render_table(e: &Epochs) -> String {
 
 pub fn render_csv(e: &Epochs) -> String {
     to_csv(&e.epochs)
+}
+
+impl Table for Epochs {
+    const NAME: &'static str = "epochs";
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::scoped("epoch", "gpu_used", Quantity::Bytes),
+        DiffKey::scoped("epoch", "gpu_peak", Quantity::Bytes),
+        DiffKey::scoped("epoch", "cpu_used", Quantity::Bytes),
+        DiffKey::scoped("epoch", "cpu_peak", Quantity::Bytes),
+    ];
+
+    fn compute(p: &Profile, _: &ReportOptions) -> Epochs {
+        epochs(p)
+    }
+
+    fn render_table(&self, _: &ReportOptions) -> String {
+        render_table(self)
+    }
+
+    fn render_csv(&self) -> String {
+        render_csv(self)
+    }
+
+    fn figures(&self, out: &mut Figures) {
+        for e in &self.epochs {
+            // The epochs of a later fit (fastai's fine_tune repeats numbers) as "fit:epoch".
+            let n = if e.fit == 0 {
+                e.epoch.to_string()
+            } else {
+                format!("{}:{}", e.fit, e.epoch)
+            };
+            out.scoped::<Self>("epoch", &n, "gpu_used", e.gpu_used_bytes);
+            out.scoped::<Self>("epoch", &n, "gpu_peak", e.gpu_peak_bytes);
+            out.scoped::<Self>("epoch", &n, "cpu_used", e.cpu_used_bytes);
+            out.scoped::<Self>("epoch", &n, "cpu_peak", e.cpu_peak_bytes);
+        }
+    }
+
+    /// fastai's `PeakMemMetric` columns and the exact bytes, as the `epochs` JSON.
+    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+        let rows = &self.epochs;
+        Columns::default()
+            .ints("epoch", rows, |r| i64::from(r.epoch))
+            .ints("cpu_used_mb", rows, |r| r.cpu_used_mb)
+            .ints("cpu_peak_mb", rows, |r| r.cpu_peak_mb)
+            .ints("gpu_used_mb", rows, |r| r.gpu_used_mb)
+            .ints("gpu_peak_mb", rows, |r| r.gpu_peak_mb)
+            .ints("gpu_used_bytes", rows, |r| r.gpu_used_bytes)
+            .ints("gpu_peak_bytes", rows, |r| r.gpu_peak_bytes)
+            .ints("cpu_used_bytes", rows, |r| r.cpu_used_bytes)
+            .ints("cpu_peak_bytes", rows, |r| r.cpu_peak_bytes)
+            .ints("live_used_bytes", rows, |r| r.live_used_bytes)
+            .ints("live_peak_bytes", rows, |r| r.live_peak_bytes)
+            .bools("complete", rows, |r| r.complete)
+            .ints("fit", rows, |r| i64::from(r.fit))
+            .batch()
+            .map(Some)
+    }
+
+    fn html(&self) -> Vec<HtmlTable> {
+        vec![HtmlTable {
+            id: "epochs-table",
+            title: "epochs",
+            note: "fastai PeakMemMetric, MB",
+            columns: vec![
+                HtmlColumn::new("epoch", "epoch", Cell::Plain),
+                HtmlColumn::new("cpu_used_mb", "cpu used", Cell::Plain),
+                HtmlColumn::new("cpu_peak_mb", "cpu peak", Cell::Plain),
+                HtmlColumn::new("gpu_used_mb", "gpu used", Cell::Plain),
+                HtmlColumn::new("gpu_peak_mb", "gpu peak", Cell::Plain),
+                HtmlColumn::new("gpu_used_bytes", "gpu used bytes", Cell::Count),
+                HtmlColumn::new("gpu_peak_bytes", "gpu peak bytes", Cell::Count),
+            ],
+            rows: html_rows(&self.epochs),
+        }]
+    }
 }
 
 #[cfg(test)]

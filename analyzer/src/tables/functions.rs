@@ -19,7 +19,14 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::read::names::FrameKind;
-use crate::replay::{Profile, Raised, Seen, NEVER};
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+
+use super::columns::html_rows;
+use super::{
+    Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
+};
+use crate::replay::{signed, Profile, Raised, Seen, NEVER};
 use crate::tables::csv::to_csv;
 use crate::tables::render::{bytes_in, choose_byte_unit, right_aligned, BYTE_UNITS};
 
@@ -217,6 +224,78 @@ pub fn render_table(f: &Functions, unit: Unit, with_self: bool) -> String {
 
 pub fn render_csv(f: &Functions) -> String {
     to_csv(&f.functions)
+}
+
+impl Table for Functions {
+    const NAME: &'static str = "functions";
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::scoped("function", "used", Quantity::Bytes),
+        DiffKey::scoped("function", "acquired", Quantity::Bytes),
+        DiffKey::scoped("function", "self_used", Quantity::Bytes),
+        DiffKey::scoped("function", "self_acquired", Quantity::Bytes),
+        DiffKey::scoped("function", "occurrence", Quantity::Count),
+    ];
+
+    fn compute(p: &Profile, _: &ReportOptions) -> Functions {
+        functions(p)
+    }
+
+    fn render_table(&self, opts: &ReportOptions) -> String {
+        render_table(self, opts.unit, opts.with_self)
+    }
+
+    fn render_csv(&self) -> String {
+        render_csv(self)
+    }
+
+    fn figures(&self, out: &mut Figures) {
+        for row in &self.functions {
+            let scoped = [
+                ("used", row.used_bytes),
+                ("acquired", row.acquired_bytes),
+                ("self_used", row.self_used_bytes),
+                ("self_acquired", row.self_acquired_bytes),
+                ("occurrence", row.occurrence),
+            ];
+            for (figure, v) in scoped {
+                out.scoped::<Self>("function", &row.name, figure, signed(v));
+            }
+        }
+    }
+
+    /// Chainer's table, rows in the report's order (`row`).
+    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+        let rows = &self.functions;
+        Columns::default()
+            .numbered("row", rows.len())
+            .strs("name", rows, |r| &r.name)
+            .counts("used_bytes", rows, |r| r.used_bytes)
+            .counts("acquired_bytes", rows, |r| r.acquired_bytes)
+            .counts("occurrence", rows, |r| r.occurrence)
+            .counts("self_used_bytes", rows, |r| r.self_used_bytes)
+            .counts("self_acquired_bytes", rows, |r| r.self_acquired_bytes)
+            .counts("failed_used_bytes", rows, |r| r.failed_used_bytes)
+            .counts("failed_acquired_bytes", rows, |r| r.failed_acquired_bytes)
+            .batch()
+            .map(Some)
+    }
+
+    fn html(&self) -> Vec<HtmlTable> {
+        vec![HtmlTable {
+            id: "functions-table",
+            title: "functions",
+            note: "Chainer CupyMemoryProfileHook",
+            columns: vec![
+                HtmlColumn::new("name", "FunctionName", Cell::Text),
+                HtmlColumn::new("used_bytes", "UsedBytes", Cell::Bytes),
+                HtmlColumn::new("acquired_bytes", "AcquiredBytes", Cell::Bytes),
+                HtmlColumn::new("occurrence", "Occurrence", Cell::Count),
+                HtmlColumn::new("self_used_bytes", "SelfUsedBytes", Cell::Bytes),
+                HtmlColumn::new("self_acquired_bytes", "SelfAcquiredBytes", Cell::Bytes),
+            ],
+            rows: html_rows(&self.functions),
+        }]
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,14 @@
 
 use serde::Serialize;
 
-use crate::replay::{Agg, CallTree, Profile};
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+
+use super::columns::html_rows;
+use super::{
+    Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
+};
+use crate::replay::{signed, Agg, CallTree, Profile};
 use crate::tables::csv::to_csv;
 use crate::tables::render::humanized;
 
@@ -187,6 +194,57 @@ fn add(o: &mut LineNode, a: &Agg) {
         .saturating_add(a.failed_acquired_bytes);
 }
 
+/// A node of the tree, with where it prints: what every flat form of the tree is made from.
+pub struct Flat<'a> {
+    /// 1 for `_root`'s children.
+    pub depth: usize,
+    /// The parent's place: 0 for `_root`, k for the k-th node of the list (from 1).
+    pub parent: usize,
+    pub node: &'a LineNode,
+}
+
+impl Lines {
+    /// Every node under `_root` in printed order (depth first, children in order), walked
+    /// without recursion.
+    pub fn flat(&self) -> Vec<Flat<'_>> {
+        let mut out = Vec::new();
+        let mut todo: Vec<(usize, usize, &LineNode)> =
+            self.root.children.iter().rev().map(|c| (1, 0, c)).collect();
+        while let Some((depth, parent, node)) = todo.pop() {
+            out.push(Flat {
+                depth,
+                parent,
+                node,
+            });
+            let me = out.len();
+            todo.extend(node.children.iter().rev().map(|c| (depth + 1, me, c)));
+        }
+        out
+    }
+
+    /// Each flat node's path of frames from `_root` (exclusive), joined by `;`: what `diff`
+    /// keys a node by and the CSV prints (after `_root;`).
+    fn paths(flat: &[Flat<'_>]) -> Vec<String> {
+        let mut paths: Vec<String> = Vec::with_capacity(flat.len());
+        for f in flat {
+            let frame = f.node.frame();
+            let path = match f.parent {
+                0 => frame,
+                p => format!("{};{frame}", paths[p - 1]),
+            };
+            paths.push(path);
+        }
+        paths
+    }
+}
+
+impl LineNode {
+    /// `file:line:function`.
+    pub fn frame(&self) -> String {
+        format!("{}:{}:{}", self.file, self.line, self.function)
+    }
+}
+
 /// The tree as CuPy prints it.
 pub fn render_table(l: &Lines) -> String {
     let mut out = format!(
@@ -194,25 +252,19 @@ pub fn render_table(l: &Lines) -> String {
         humanized(l.root.used_bytes),
         humanized(l.root.acquired_bytes)
     );
-    for c in &l.root.children {
-        render_node(c, 1, &mut out);
+    for f in l.flat() {
+        let n = f.node;
+        out.push_str(&format!(
+            "{}{}:{}:{} ({}, {})\n",
+            "  ".repeat(f.depth),
+            n.file,
+            n.line,
+            n.function,
+            humanized(n.used_bytes),
+            humanized(n.acquired_bytes)
+        ));
     }
     out
-}
-
-fn render_node(n: &LineNode, depth: usize, out: &mut String) {
-    out.push_str(&format!(
-        "{}{}:{}:{} ({}, {})\n",
-        "  ".repeat(depth),
-        n.file,
-        n.line,
-        n.function,
-        humanized(n.used_bytes),
-        humanized(n.acquired_bytes)
-    ));
-    for c in &n.children {
-        render_node(c, depth + 1, out);
-    }
 }
 
 /// A CSV row: one node, with its depth and the `;`-joined path of frames from `_root`.
@@ -230,21 +282,8 @@ struct CsvRow<'a> {
 
 /// One row per node, in the order the tree prints.
 pub fn render_csv(l: &Lines) -> String {
-    fn walk<'a>(n: &'a LineNode, depth: usize, prefix: &str, rows: &mut Vec<CsvRow<'a>>) {
-        let path = format!("{prefix};{}:{}:{}", n.file, n.line, n.function);
-        rows.push(CsvRow {
-            depth,
-            path: path.clone(),
-            file: &n.file,
-            line: Some(n.line),
-            function: &n.function,
-            used_bytes: n.used_bytes,
-            acquired_bytes: n.acquired_bytes,
-        });
-        for c in &n.children {
-            walk(c, depth + 1, &path, rows);
-        }
-    }
+    let flat = l.flat();
+    let paths = Lines::paths(&flat);
     let mut rows = vec![CsvRow {
         depth: 0,
         path: "_root".into(),
@@ -254,8 +293,120 @@ pub fn render_csv(l: &Lines) -> String {
         used_bytes: l.root.used_bytes,
         acquired_bytes: l.root.acquired_bytes,
     }];
-    for c in &l.root.children {
-        walk(c, 1, "_root", &mut rows);
+    for (f, path) in flat.iter().zip(paths) {
+        rows.push(CsvRow {
+            depth: f.depth,
+            path: format!("_root;{path}"),
+            file: &f.node.file,
+            line: Some(f.node.line),
+            function: &f.node.function,
+            used_bytes: f.node.used_bytes,
+            acquired_bytes: f.node.acquired_bytes,
+        });
     }
     to_csv(&rows)
+}
+
+impl Table for Lines {
+    const NAME: &'static str = "lines";
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::scoped("line", "used", Quantity::Bytes),
+        DiffKey::scoped("line", "acquired", Quantity::Bytes),
+    ];
+
+    fn compute(p: &Profile, opts: &ReportOptions) -> Lines {
+        lines(p, opts.max_depth)
+    }
+
+    fn render_table(&self, _: &ReportOptions) -> String {
+        render_table(self)
+    }
+
+    fn render_csv(&self) -> String {
+        render_csv(self)
+    }
+
+    /// A node's key is its whole path from `_root`: the same frame under two callers is two
+    /// rows, as in the tree the `lines` report prints.
+    fn figures(&self, out: &mut Figures) {
+        let flat = self.flat();
+        for (f, path) in flat.iter().zip(Lines::paths(&flat)) {
+            out.scoped::<Self>("line", &path, "used", signed(f.node.used_bytes));
+            out.scoped::<Self>("line", &path, "acquired", signed(f.node.acquired_bytes));
+        }
+    }
+
+    /// CuPy's tree, one row per node in printed order: `node` is its place in that order
+    /// (`_root` is node 0), `parent` its parent's (`_root`'s is -1).
+    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+        let r = &self.root;
+        let root = LineNode {
+            file: String::new(),
+            line: 0,
+            function: r.name.clone(),
+            used_bytes: r.used_bytes,
+            acquired_bytes: r.acquired_bytes,
+            failed_used_bytes: r.failed_used_bytes,
+            failed_acquired_bytes: r.failed_acquired_bytes,
+            children: Vec::new(),
+        };
+        let mut rows = vec![(-1i64, 0usize, &root)];
+        rows.extend(
+            self.flat()
+                .into_iter()
+                .map(|f| (f.parent as i64, f.depth, f.node)),
+        );
+        Columns::default()
+            .numbered("node", rows.len())
+            .ints("parent", &rows, |r| r.0)
+            .ints("depth", &rows, |r| r.1 as i64)
+            .strs("file", &rows, |r| &r.2.file)
+            .ints("line", &rows, |r| i64::from(r.2.line))
+            .strs("function", &rows, |r| &r.2.function)
+            .counts("used_bytes", &rows, |r| r.2.used_bytes)
+            .counts("acquired_bytes", &rows, |r| r.2.acquired_bytes)
+            .counts("failed_used_bytes", &rows, |r| r.2.failed_used_bytes)
+            .counts("failed_acquired_bytes", &rows, |r| {
+                r.2.failed_acquired_bytes
+            })
+            .batch()
+            .map(Some)
+    }
+
+    /// The tree as rows, indented, in printed order (`tree order` sorts them back).
+    fn html(&self) -> Vec<HtmlTable> {
+        #[derive(Serialize)]
+        struct Row {
+            order: usize,
+            stack: String,
+            used_bytes: u64,
+            acquired_bytes: u64,
+        }
+        let mut rows = vec![Row {
+            order: 0,
+            stack: self.root.name.clone(),
+            used_bytes: self.root.used_bytes,
+            acquired_bytes: self.root.acquired_bytes,
+        }];
+        for f in self.flat() {
+            rows.push(Row {
+                order: rows.len(),
+                stack: format!("{}{}", "\u{a0}\u{a0}".repeat(f.depth), f.node.frame()),
+                used_bytes: f.node.used_bytes,
+                acquired_bytes: f.node.acquired_bytes,
+            });
+        }
+        vec![HtmlTable {
+            id: "lines-table",
+            title: "lines",
+            note: "CuPy LineProfileHook",
+            columns: vec![
+                HtmlColumn::new("stack", "file:line:function", Cell::Stack),
+                HtmlColumn::new("used_bytes", "used", Cell::Bytes),
+                HtmlColumn::new("acquired_bytes", "acquired", Cell::Bytes),
+                HtmlColumn::new("order", "tree order", Cell::Plain),
+            ],
+            rows: html_rows(&rows),
+        }]
+    }
 }

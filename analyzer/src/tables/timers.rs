@@ -11,7 +11,14 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::read::names::FrameKind;
-use crate::replay::{Profile, Seen};
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+
+use super::columns::html_rows;
+use super::{
+    Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
+};
+use crate::replay::{signed, Profile, Seen};
 use crate::tables::csv::to_csv;
 use crate::tables::render::{right_aligned, time_in, time_unit_of, TIME_UNITS};
 
@@ -176,6 +183,81 @@ pub fn render_csv(t: &Timers) -> String {
         })
         .collect();
     to_csv(&rows)
+}
+
+impl Table for Timers {
+    const NAME: &'static str = "timers";
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::scoped("function", "time", Quantity::Nanoseconds),
+        DiffKey::scoped("link", "time", Quantity::Nanoseconds),
+        DiffKey::scoped("link", "occurrence", Quantity::Count),
+    ];
+
+    fn compute(p: &Profile, _: &ReportOptions) -> Timers {
+        timers(p)
+    }
+
+    fn render_table(&self, opts: &ReportOptions) -> String {
+        render_table(self, opts.timers, opts.time_unit)
+    }
+
+    fn render_csv(&self) -> String {
+        render_csv(self)
+    }
+
+    fn figures(&self, out: &mut Figures) {
+        for row in &self.functions {
+            out.scoped::<Self>("function", &row.name, "time", signed(row.elapsed_ns));
+        }
+        for row in &self.links {
+            out.scoped::<Self>("link", &row.name, "time", signed(row.elapsed_ns));
+            out.scoped::<Self>("link", &row.name, "occurrence", signed(row.occurrence));
+        }
+    }
+
+    /// Chainer's link and function `TimerHook` rows, `kind` link or function.
+    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+        let rows: Vec<(&str, &TimerRow)> = self
+            .links
+            .iter()
+            .map(|r| ("link", r))
+            .chain(self.functions.iter().map(|r| ("function", r)))
+            .collect();
+        Columns::default()
+            .numbered("row", rows.len())
+            .strs("kind", &rows, |r| r.0)
+            .strs("name", &rows, |r| &r.1.name)
+            .counts("elapsed_ns", &rows, |r| r.1.elapsed_ns)
+            .counts("occurrence", &rows, |r| r.1.occurrence)
+            .batch()
+            .map(Some)
+    }
+
+    fn html(&self) -> Vec<HtmlTable> {
+        let columns = |name| {
+            vec![
+                HtmlColumn::new("name", name, Cell::Text),
+                HtmlColumn::new("elapsed_ns", "ElapsedTime", Cell::Duration),
+                HtmlColumn::new("occurrence", "Occurrence", Cell::Count),
+            ]
+        };
+        vec![
+            HtmlTable {
+                id: "links-table",
+                title: "timers: links",
+                note: "Chainer TimerHook",
+                columns: columns("LinkName"),
+                rows: html_rows(&self.links),
+            },
+            HtmlTable {
+                id: "timer-functions-table",
+                title: "timers: functions",
+                note: "",
+                columns: columns("FunctionName"),
+                rows: html_rows(&self.functions),
+            },
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::ExportError;
 use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
 use crate::read::{ChunkInfo, ChunkKind, Trace};
 use crate::replay::Units;
+use crate::tables::columns::i64_of;
 
 /// Rows per Arrow batch, each one row group of the `events` file: large enough for good
 /// compression and few column chunks, small enough that engines pruning on `seq` or `ts_ns`
@@ -270,12 +271,6 @@ struct EventColumns {
     cpu_bytes: Int64Builder,
     cpu_peak_bytes: Int64Builder,
     rows: usize,
-}
-
-/// Parquet has no unsigned 64-bit type that every engine reads (Spark has none): values are
-/// stored as signed 64-bit, saturating at `i64::MAX`, which no byte count or pointer reaches.
-pub fn i64_of(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 impl EventColumns {

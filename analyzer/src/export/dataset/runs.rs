@@ -25,10 +25,10 @@ use arrow_array::{
 };
 use arrow_schema::{Field, Schema};
 
-use super::events::i64_of;
 use super::{ExportError, SCHEMA_VERSION};
 use crate::read::Trace;
 use crate::replay::Profile;
+use crate::tables::columns::i64_of;
 
 /// A trace's rank: the header's, or 0 for a process that gave none (a run of one).
 pub fn rank_of(t: &Trace) -> u32 {

@@ -11,10 +11,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Source};
-use crate::tables::epochs::{self, Epochs};
-use crate::tables::functions::{self, Functions};
-use crate::tables::lines::{self, Lines};
-use crate::tables::timers::{self, Timers};
+use crate::tables::{HtmlTable, Report, ReportOptions};
 use crate::views::flamegraph::{frame_display, Metric};
 
 /// Stacks drawn as their own band in a timeline; the others are summed in one "other" band.
@@ -73,17 +70,15 @@ pub struct TreeData {
     pub time: Vec<u64>,
 }
 
-/// The views the rank selector switches between: flamegraphs and the seed tables.
+/// The views the rank selector switches between: flamegraphs and the report tables.
 #[derive(Debug, Clone, Serialize)]
 pub struct ViewData {
     pub name: String,
     /// Indices into [`ReportData::runs`] whose timelines this view shows.
     pub runs: Vec<usize>,
     pub tree: TreeData,
-    pub functions: Functions,
-    pub lines: Lines,
-    pub timers: Timers,
-    pub epochs: Epochs,
+    /// Every table of the list of tables, as each shows itself ([`crate::tables::Table::html`]).
+    pub tables: Vec<HtmlTable>,
 }
 
 /// The two runs' trees merged by frame path: each node's own amounts on either side.
@@ -222,10 +217,11 @@ fn view(frames: &mut Frames, name: &str, runs: Vec<usize>, p: &Profile) -> ViewD
         name: name.to_string(),
         runs,
         tree: tree(frames, &p.tree),
-        functions: functions::functions(p),
-        lines: lines::lines(p, 0),
-        timers: timers::timers(p),
-        epochs: epochs::epochs(p),
+        tables: Report::compute(p, &ReportOptions::default())
+            .tables()
+            .iter()
+            .flat_map(|t| t.html())
+            .collect(),
     }
 }
 

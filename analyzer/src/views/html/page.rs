@@ -70,16 +70,7 @@ stack that allocated them.</p>
 </section>
 <section id="tables-section">
 <h2>Tables</h2>
-<h3>functions <small>(Chainer CupyMemoryProfileHook)</small></h3>
-<table id="functions-table" class="sortable"></table>
-<h3>lines <small>(CuPy LineProfileHook)</small></h3>
-<table id="lines-table" class="sortable"></table>
-<h3>timers: links <small>(Chainer TimerHook)</small></h3>
-<table id="links-table" class="sortable"></table>
-<h3>timers: functions</h3>
-<table id="timer-functions-table" class="sortable"></table>
-<h3>epochs <small>(fastai PeakMemMetric, MB)</small></h3>
-<table id="epochs-table" class="sortable"></table>
+<div id="tables"></div>
 </section>
 </main>
 <div id="tooltip" hidden></div>

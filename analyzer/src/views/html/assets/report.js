@@ -577,48 +577,27 @@
     fill();
   }
 
+  // Each table says how its cells print (see `Cell` in tables/columns.rs).
+  const cellFormats = {
+    text: { text: true },
+    stack: { text: true, cls: "stack" },
+    bytes: { fmt: fmtBytes },
+    count: { fmt: fmtCount },
+    duration: { fmt: fmtNs },
+    plain: { fmt: String },
+  };
+
   function renderTables() {
-    const v = view();
-    sortableTable($("functions-table"), [
-      { key: "name", label: "FunctionName", text: true },
-      { key: "used_bytes", label: "UsedBytes", fmt: fmtBytes },
-      { key: "acquired_bytes", label: "AcquiredBytes", fmt: fmtBytes },
-      { key: "occurrence", label: "Occurrence", fmt: fmtCount },
-      { key: "self_used_bytes", label: "SelfUsedBytes", fmt: fmtBytes },
-      { key: "self_acquired_bytes", label: "SelfAcquiredBytes", fmt: fmtBytes },
-    ], v.functions.functions);
-    const lineRows = [];
-    const root = v.lines.root;
-    lineRows.push({ order: 0, stack: root.name, used_bytes: root.used_bytes, acquired_bytes: root.acquired_bytes });
-    (function walk(nodes, depth) {
-      for (const n of nodes) {
-        lineRows.push({ order: lineRows.length, stack: "\u00a0\u00a0".repeat(depth) + n.file + ":" + n.line + ":" + n.function,
-          used_bytes: n.used_bytes, acquired_bytes: n.acquired_bytes });
-        walk(n.children, depth + 1);
-      }
-    })(root.children, 1);
-    sortableTable($("lines-table"), [
-      { key: "stack", label: "file:line:function", text: true, cls: "stack" },
-      { key: "used_bytes", label: "used", fmt: fmtBytes },
-      { key: "acquired_bytes", label: "acquired", fmt: fmtBytes },
-      { key: "order", label: "tree order", fmt: String },
-    ], lineRows);
-    const timerCols = (name) => [
-      { key: "name", label: name, text: true },
-      { key: "elapsed_ns", label: "ElapsedTime", fmt: fmtNs },
-      { key: "occurrence", label: "Occurrence", fmt: fmtCount },
-    ];
-    sortableTable($("links-table"), timerCols("LinkName"), v.timers.links);
-    sortableTable($("timer-functions-table"), timerCols("FunctionName"), v.timers.functions);
-    sortableTable($("epochs-table"), [
-      { key: "epoch", label: "epoch", fmt: String },
-      { key: "cpu_used_mb", label: "cpu used", fmt: String },
-      { key: "cpu_peak_mb", label: "cpu peak", fmt: String },
-      { key: "gpu_used_mb", label: "gpu used", fmt: String },
-      { key: "gpu_peak_mb", label: "gpu peak", fmt: String },
-      { key: "gpu_used_bytes", label: "gpu used bytes", fmt: fmtCount },
-      { key: "gpu_peak_bytes", label: "gpu peak bytes", fmt: fmtCount },
-    ], v.epochs.epochs);
+    const holder = $("tables");
+    holder.textContent = "";
+    for (const t of view().tables) {
+      const h = el("h3", null, t.title);
+      if (t.note) h.append(" ", el("small", null, "(" + t.note + ")"));
+      const table = el("table", { id: t.id, class: "sortable" });
+      holder.append(h, table);
+      const columns = t.columns.map((c) => Object.assign({ key: c.key, label: c.label }, cellFormats[c.cell]));
+      sortableTable(table, columns, t.rows);
+    }
   }
 
   // ---- page ----

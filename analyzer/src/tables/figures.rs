@@ -1,0 +1,183 @@
+//! One run's figures, as `diff` compares them: every table flattened into one number per stable
+//! key (the keys are listed in the documentation of `diff`). Each table says which keys it
+//! gives ([`super::Table::FIGURES`]) and fills them in ([`super::Table::figures`]).
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::{Serialize, Serializer};
+
+use super::Table;
+
+/// What a figure counts; decides how it prints and which rule values fit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Quantity {
+    Bytes,
+    Nanoseconds,
+    Count,
+}
+
+impl Quantity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Quantity::Bytes => "a size in bytes",
+            Quantity::Nanoseconds => "a duration",
+            Quantity::Count => "a count",
+        }
+    }
+}
+
+/// A key a table gives `diff`: `scope:NAME.figure`, or with an empty scope a headline key
+/// `figure` (with the `alias` a rule may use for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiffKey {
+    pub scope: &'static str,
+    pub figure: &'static str,
+    pub alias: Option<&'static str>,
+    pub quantity: Quantity,
+}
+
+impl DiffKey {
+    /// `scope:NAME.figure`.
+    pub const fn scoped(scope: &'static str, figure: &'static str, quantity: Quantity) -> DiffKey {
+        DiffKey {
+            scope,
+            figure,
+            alias: None,
+            quantity,
+        }
+    }
+
+    /// A headline key, `figure` (or `alias`).
+    pub const fn headline(
+        figure: &'static str,
+        alias: Option<&'static str>,
+        quantity: Quantity,
+    ) -> DiffKey {
+        DiffKey {
+            scope: "",
+            figure,
+            alias,
+            quantity,
+        }
+    }
+}
+
+/// The table a figure comes from (its section in `diff`'s output, named as the table's
+/// [`Table::SECTION`]); sections print in the order of the list of tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Section(pub &'static str);
+
+impl Section {
+    /// The headline figures (the `summary` table's).
+    pub const HEADLINE: Section = Section("headline");
+
+    /// Every section, in the order they print.
+    pub fn all() -> Vec<Section> {
+        super::each_table(|t| t.section())
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+
+    fn rank(self) -> usize {
+        Section::all()
+            .iter()
+            .position(|s| *s == self)
+            .unwrap_or(usize::MAX)
+    }
+}
+
+impl PartialOrd for Section {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Section {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank()
+            .cmp(&other.rank())
+            .then_with(|| self.0.cmp(other.0))
+    }
+}
+
+impl fmt::Display for Section {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Serialize for Section {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+/// One figure of one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Figure {
+    pub section: Section,
+    pub quantity: Quantity,
+    pub value: i64,
+}
+
+/// Every figure of one run, by key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Figures {
+    pub by_key: HashMap<String, Figure>,
+}
+
+impl Figures {
+    /// Flattens one run's report into keyed figures, table by table.
+    pub fn of(r: &super::Report) -> Figures {
+        let mut f = Figures::default();
+        for t in r.tables() {
+            t.figures(&mut f);
+        }
+        f
+    }
+
+    /// Adds a figure under `key` (the first one given for a key stays).
+    pub fn put(&mut self, key: String, section: Section, quantity: Quantity, value: i64) {
+        self.by_key.entry(key).or_insert(Figure {
+            section,
+            quantity,
+            value,
+        });
+    }
+
+    /// Adds `scope:name.figure` of table `T`, which declares it in [`Table::FIGURES`].
+    pub fn scoped<T: Table>(&mut self, scope: &str, name: &str, figure: &str, value: i64) {
+        if let Some(k) = T::FIGURES
+            .iter()
+            .find(|k| k.scope == scope && k.figure == figure)
+        {
+            self.put(
+                format!("{scope}:{name}.{figure}"),
+                Section(T::SECTION),
+                k.quantity,
+                value,
+            );
+        }
+    }
+
+    /// Adds the headline figure `figure` of table `T`.
+    pub fn headline<T: Table>(&mut self, figure: &str, value: i64) {
+        if let Some(k) = T::FIGURES
+            .iter()
+            .find(|k| k.scope.is_empty() && k.figure == figure)
+        {
+            self.put(figure.to_string(), Section(T::SECTION), k.quantity, value);
+        }
+    }
+}
+
+/// Every key the tables give `diff`, with its section: what a rule may name.
+pub fn diff_keys() -> Vec<(Section, DiffKey)> {
+    super::each_table(|t| t.diff_keys())
+        .into_iter()
+        .flatten()
+        .collect()
+}
