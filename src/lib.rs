@@ -23,3 +23,13 @@ mod demo;
 mod diff_cmd;
 #[cfg(feature = "cli")]
 mod term;
+
+// The examples of the README and of docs/rust.md, compiled and run as doc tests
+// (`cargo test --doc -p poolsight`); python/tests/test_docs.py runs the pages' other examples.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+#[cfg(doctest)]
+#[doc = include_str!("../docs/rust.md")]
+pub struct RustGuideDoctests;

@@ -354,7 +354,8 @@ def record(
       ``ring_slots`` chunks of ``chunk_size`` bytes, the oldest overwritten).
     - ``stacks``: what an allocation's stack is: ``"scopes"`` (the open scopes; cheap) or
       ``"python"`` (its Python call stack as ``file:line:function`` frames, as CuPy's
-      ``LineProfileHook`` shows them; ``max_depth`` > 0 keeps that many innermost frames).
+      ``LineProfileHook`` shows them; ``max_depth`` > 0 keeps the outermost ``max_depth - 1``
+      frames, as ``LineProfileHook(max_depth=N)`` does).
     - ``cpu``: the CPU memory recorded per epoch (fastai's ``cpu used``/``peak`` columns):
       ``"tracemalloc"`` (the default: what ``tracemalloc``, started at each epoch's begin,
       counts, as fastai's ``PeakMemMetric`` measures it; it slows Python's allocations while
