@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every test, Rust and Python, in one command. It sets up what the Python tests need in a
 # project-local virtual environment (.venv, reused when present): maturin, pytest, ruff, numpy,
-# PyTorch and Lightning from PyPI (CPU is enough; about 4.6 GB the first time), then builds and
-# installs the poolsight wheel into it, runs the HTML report's browser tests (installing
-# Debian's chromium and playwright-core when missing) and pytest. Chainer gets its own
-# environment (.venv-chainer: it needs numpy < 2).
+# PyTorch, Lightning and PySpark from PyPI (CPU is enough; about 5 GB the first time), and
+# Debian's Java runtime for Spark when there is no `java`; then builds and installs the
+# poolsight wheel into it, runs the HTML report's browser tests (installing Debian's chromium
+# and playwright-core when missing) and pytest. Chainer gets its own environment
+# (.venv-chainer: it needs numpy < 2).
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh --rust     only `cargo test --workspace`
@@ -39,6 +40,46 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 echo "== Python test dependencies into $VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+
+# The Spark test (python/tests/test_spark.py) needs a Java runtime, 17 or later for Spark 4:
+# Debian's openjdk-17-jre-headless (else the newest openjdk-*-jre-headless apt offers) when
+# there is none. When none can be had, this says why and the test is skipped, saying why too.
+ensure_java() {
+  if [ -n "${JAVA_HOME:-}" ] || command -v java >/dev/null 2>&1; then
+    return 0
+  fi
+  local skipping="the Spark test will be skipped"
+  if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    echo "no Java runtime (Debian: apt-get install openjdk-17-jre-headless, as root): $skipping"
+    return 0
+  fi
+  local log=/tmp/poolsight-java-install.log offered pkg=""
+  echo "installing a Java runtime for the Spark test (apt-get)..."
+  if ! apt-get update -qq >"$log" 2>&1; then
+    echo "apt-get update failed (see $log): $skipping"
+    return 0
+  fi
+  offered=$(apt-cache search --names-only '^openjdk-[0-9]+-jre-headless$' 2>>"$log" \
+    | cut -d' ' -f1 | sort -t- -k2,2n || true)
+  for candidate in openjdk-17-jre-headless openjdk-21-jre-headless; do
+    if grep -qx "$candidate" <<<"$offered"; then pkg=$candidate; break; fi
+  done
+  [ -n "$pkg" ] || pkg=$(tail -n 1 <<<"$offered")
+  if [ -z "$pkg" ]; then
+    echo "apt offers no openjdk-*-jre-headless: $skipping"
+    return 0
+  fi
+  # Slim Debian images lack the man directory the JRE's postinst links into.
+  mkdir -p /usr/share/man/man1
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$pkg" \
+    >>"$log" 2>&1 && command -v java >/dev/null 2>&1; then
+    echo "installed $pkg"
+  else
+    echo "apt-get install $pkg failed (see $log): $skipping"
+  fi
+}
+echo "== a Java runtime for Apache Spark"
+ensure_java
 
 echo "== building and installing the poolsight wheel"
 rm -rf target/wheels

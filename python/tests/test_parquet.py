@@ -3,44 +3,21 @@
 runs (on DuckDB, unchanged)."""
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from docs_queries import ROOT, connect, query, rows, sql_blocks
 
 import poolsight
 
 duckdb = pytest.importorskip("duckdb", reason="the Parquet dataset is queried with DuckDB")
 
-ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = sorted((ROOT / "fixtures" / "traces").glob("*.pstrace"))
-QUERIES = ROOT / "docs" / "queries.md"
 MB = 1 << 20
 # Rank r of the test job allocates (r + 1) * UNIT three times an epoch: rank 3's peak (480 MB)
 # is above every fixture's, so it is the week's highest.
 UNIT = 40 * MB
-
-
-def sql_blocks(info: str) -> list:
-    """The ```sql blocks of docs/queries.md whose info string is exactly `info`."""
-    text = QUERIES.read_text()
-    return [m.group(1) for m in re.finditer(r"```" + info + r"\n(.*?)```", text, re.DOTALL)]
-
-
-def connect(dataset: Path):
-    con = duckdb.connect()
-    (setup,) = sql_blocks("sql duckdb")
-    for statement in setup.replace("DATASET", str(dataset)).split(";"):
-        if statement.strip():
-            con.execute(statement)
-    return con
-
-
-def rows(con, sql: str) -> list:
-    cur = con.execute(sql)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
 def record_job(directory: Path, world: int, night: int) -> list:
@@ -84,13 +61,6 @@ def trace_of(con) -> dict:
         (r["run"], r["rank"]): Path(r["trace_path"])
         for r in rows(con, "SELECT run, rank, trace_path FROM runs")
     }
-
-
-def query(title: str) -> str:
-    """The portable query under the heading `title` in docs/queries.md."""
-    text = QUERIES.read_text()
-    section = text.split("## " + title, 1)[1]
-    return re.search(r"```sql\n(.*?)```", section, re.DOTALL).group(1)
 
 
 def test_sql_over_the_events_reproduces_info_peak_per_rank(dataset):
