@@ -7,7 +7,7 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use poolsight_recorder::{Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
+use poolsight_recorder::{FrameKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
 
 use crate::session::{Session, SessionError, SessionPool};
 
@@ -255,22 +255,16 @@ pub unsafe extern "C" fn ps_scope_enter(
         } else {
             text(file, "file")?
         };
-        let kind = match kind {
-            PS_SCOPE_FUNCTION => ScopeKind::Function,
-            PS_SCOPE_LINK => ScopeKind::Link,
-            PS_SCOPE_USER => ScopeKind::Scope,
-            other => {
-                return Err(invalid(&format!(
-                    "scope kind {other} is not a PS_SCOPE_* value"
-                )))
-            }
-        };
-        let phase = match phase {
-            PS_PHASE_NONE => Phase::None,
-            PS_PHASE_FORWARD => Phase::Forward,
-            PS_PHASE_BACKWARD => Phase::Backward,
-            other => return Err(invalid(&format!("phase {other} is not a PS_PHASE_* value"))),
-        };
+        // The PS_ values are the trace format's (a test below pins them to the schema).
+        let kind = u8::try_from(kind)
+            .ok()
+            .and_then(|k| FrameKind::try_from(k).ok())
+            .and_then(|k| ScopeKind::try_from(k).ok())
+            .ok_or_else(|| invalid(&format!("scope kind {kind} is not a PS_SCOPE_* value")))?;
+        let phase = u8::try_from(phase)
+            .ok()
+            .and_then(|p| Phase::try_from(p).ok())
+            .ok_or_else(|| invalid(&format!("phase {phase} is not a PS_PHASE_* value")))?;
         let out = out.as_mut().ok_or_else(|| invalid("out is NULL"))?;
         let token = rec.session.enter(kind, name, phase, file, line);
         *out = PsScopeToken {
@@ -492,4 +486,21 @@ pub unsafe extern "C" fn ps_pool_destroy(pool: *mut PsPool) {
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The C constants are literals (cbindgen writes them into the header); they must stay the
+    /// trace format's values.
+    #[test]
+    fn constants_are_the_schemas_values() {
+        assert_eq!(PS_SCOPE_FUNCTION, FrameKind::Function as u32);
+        assert_eq!(PS_SCOPE_LINK, FrameKind::Link as u32);
+        assert_eq!(PS_SCOPE_USER, FrameKind::Scope as u32);
+        assert_eq!(PS_PHASE_NONE, Phase::None as u32);
+        assert_eq!(PS_PHASE_FORWARD, Phase::Forward as u32);
+        assert_eq!(PS_PHASE_BACKWARD, Phase::Backward as u32);
+    }
 }

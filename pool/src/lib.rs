@@ -19,10 +19,12 @@ mod addressed;
 pub mod device;
 pub mod hooks;
 mod memory_pool;
+mod recording;
 mod trace_hook;
 
 pub use addressed::{AddressedPool, FreeError};
 pub use memory_pool::{
     round_size, Collector, MemoryPool, PoolError, PooledMemory, ALLOCATION_UNIT_SIZE,
 };
-pub use trace_hook::{define_pool_device, with_stack, TraceHook};
+pub use recording::define_pool_device;
+pub use trace_hook::{with_stack, TraceHook};

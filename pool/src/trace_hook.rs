@@ -6,15 +6,14 @@
 //! the line and function reports are built from.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use poolsight_recorder::{DeviceInfo, Handle, MemKind, MemRecord};
+use poolsight_recorder::{Handle, MemKind, MemRecord};
 
 use crate::hooks::{
     self, AllocPost, AllocPre, FreeInfo, GlobalHookGuard, HookGuard, LimitSet, MallocPost,
     MallocPre, MemoryHook, OutOfMemory, Release,
 };
-use crate::memory_pool::{MemoryPool, ALLOCATION_UNIT_SIZE};
 
 thread_local! {
     /// The stack a foreign caller chose for the allocation it is making on this thread (see
@@ -60,12 +59,6 @@ impl TraceHook {
         }
     }
 
-    /// A hook writing to `handle`'s recorder, with `pool`'s device defined in the trace.
-    pub fn for_pool(handle: Handle, pool: &MemoryPool) -> Self {
-        define_pool_device(&handle, pool);
-        Self::new(handle)
-    }
-
     /// Also write `MallocPre`, `AllocPre` and `FreePre` events.
     pub fn with_pre_events(mut self, on: bool) -> Self {
         self.pre_events = on;
@@ -96,30 +89,6 @@ impl std::fmt::Debug for TraceHook {
             .field("pre_events", &self.pre_events)
             .finish()
     }
-}
-
-/// (recorder id, device id) pairs already defined, so that several hooks or pools on one device
-/// define it once.
-static DEFINED: Mutex<Vec<(u64, u32)>> = Mutex::new(Vec::new());
-
-/// Defines `pool`'s device in `handle`'s trace, once per recorder and device, so that reports
-/// can name the device and know its capacity and rounding unit.
-pub fn define_pool_device(handle: &Handle, pool: &MemoryPool) {
-    let key = (handle.id(), pool.device_id());
-    {
-        let mut defined = DEFINED.lock().unwrap_or_else(|e| e.into_inner());
-        if defined.contains(&key) {
-            return;
-        }
-        defined.push(key);
-    }
-    let device = pool.device();
-    handle.define_device(DeviceInfo {
-        id: pool.device_id(),
-        name: device.name(),
-        capacity: device.capacity(),
-        allocation_unit: ALLOCATION_UNIT_SIZE,
-    });
 }
 
 /// The format keeps the low 32 bits of a pmem id: enough to pair a free with its malloc among

@@ -39,8 +39,14 @@ __all__ = [
 
 __version__ = _native.__version__
 
-_KINDS = {"function": 1, "link": 2, "scope": 3}
-_PHASES = {None: 0, "none": 0, "forward": 1, "backward": 2}
+# The trace format's numbers for these (poolsight_schema::kinds, exported by the native module).
+_KINDS = {"function": _native.FUNCTION, "link": _native.LINK, "scope": _native.SCOPE}
+_PHASES = {
+    None: _native.NONE,
+    "none": _native.NONE,
+    "forward": _native.FORWARD,
+    "backward": _native.BACKWARD,
+}
 _STACKS = ("scopes", "python")
 
 _active: list[Recording] = []
@@ -183,15 +189,15 @@ class Recording:
 
     def function(self, name: str, phase: str | None = "forward") -> Scope:
         """A function scope (a row of ``poolsight functions``), forward or backward."""
-        return Scope(self, 1, str(name), _phase(phase), *_caller_site(1))
+        return Scope(self, _KINDS["function"], str(name), _phase(phase), *_caller_site(1))
 
     def link(self, name: str) -> Scope:
         """A link scope (a row of ``poolsight timers --links``): by convention a class name."""
-        return Scope(self, 2, str(name), 0, *_caller_site(1))
+        return Scope(self, _KINDS["link"], str(name), _native.NONE, *_caller_site(1))
 
     def scope(self, name: str) -> Scope:
         """A user scope: any region worth a name in the reports (a step, an update)."""
-        return Scope(self, 3, str(name), 0, *_caller_site(1))
+        return Scope(self, _KINDS["scope"], str(name), _native.NONE, *_caller_site(1))
 
     # -- epochs and CPU memory ----------------------------------------------------------------
 

@@ -23,13 +23,13 @@ import sys
 
 import chainer
 
-from . import Recording, _recording
+from . import Recording, _native, _recording
 from ._calls import OpenCalls
 
 __all__ = ["FunctionHook", "LinkHook"]
 
-_KIND_FUNCTION, _KIND_LINK = 1, 2
-_FORWARD, _BACKWARD = 1, 2
+_KIND_FUNCTION, _KIND_LINK = _native.FUNCTION, _native.LINK
+_FORWARD, _BACKWARD = _native.FORWARD, _native.BACKWARD
 
 
 class FunctionHook(chainer.FunctionHook):

@@ -41,8 +41,8 @@ __all__ = [
 #: The categories :func:`track` gives allocations, as PyTorch's ``MemTracker`` names them.
 CATEGORIES = ("parameter", "buffer", "gradient", "activation", "optimizer_state", "temporary")
 
-_KIND_FUNCTION, _KIND_LINK = 1, 2
-_PHASE_FORWARD, _PHASE_BACKWARD = 1, 2
+_KIND_FUNCTION, _KIND_LINK = _native.FUNCTION, _native.LINK
+_PHASE_FORWARD, _PHASE_BACKWARD = _native.FORWARD, _native.BACKWARD
 
 
 def _in_backward() -> bool:
@@ -281,8 +281,8 @@ def hook(
 
 # -- the observer -------------------------------------------------------------------------------
 
-# Memory event kinds (MemKind in schema/trace.fbs).
-_MALLOC_POST, _ALLOC_POST = 1, 3
+# Memory event kinds, as the trace format numbers them.
+_MALLOC_POST, _ALLOC_POST = _native.MALLOC_POST, _native.ALLOC_POST
 
 # The tracker active for each recording (by its native recorder's id).
 _trackers: dict = {}

@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyList};
 use rustc_hash::FxHashMap;
 
 use poolsight_capi::{Session, SessionError, SessionPool};
-use poolsight_recorder::{MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
+use poolsight_recorder::{FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
 
 mod cupy_alloc;
 mod cupy_hook;
@@ -31,25 +31,29 @@ fn err(e: SessionError) -> PyErr {
 }
 
 fn kind_of(kind: u32) -> PyResult<ScopeKind> {
-    match kind {
-        1 => Ok(ScopeKind::Function),
-        2 => Ok(ScopeKind::Link),
-        3 => Ok(ScopeKind::Scope),
-        other => Err(PyValueError::new_err(format!(
-            "scope kind {other} is not 1 (function), 2 (link) or 3 (scope)"
-        ))),
-    }
+    u8::try_from(kind)
+        .ok()
+        .and_then(|k| FrameKind::try_from(k).ok())
+        .and_then(|k| ScopeKind::try_from(k).ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "scope kind {kind} is not FUNCTION ({}), LINK ({}) or SCOPE ({})",
+                FrameKind::Function as u8,
+                FrameKind::Link as u8,
+                FrameKind::Scope as u8
+            ))
+        })
 }
 
 fn phase_of(phase: u32) -> PyResult<Phase> {
-    match phase {
-        0 => Ok(Phase::None),
-        1 => Ok(Phase::Forward),
-        2 => Ok(Phase::Backward),
-        other => Err(PyValueError::new_err(format!(
-            "phase {other} is not 0 (none), 1 (forward) or 2 (backward)"
-        ))),
-    }
+    u8::try_from(phase)
+        .ok()
+        .and_then(|p| Phase::try_from(p).ok())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "phase {phase} is not NONE (0), FORWARD (1) or BACKWARD (2)"
+            ))
+        })
 }
 
 /// An open trace file (``poolsight.record`` wraps it).
@@ -332,21 +336,10 @@ impl Recorder {
 pub struct Token(ScopeToken);
 
 fn mem_kind(kind: u8) -> PyResult<MemKind> {
-    Ok(match kind {
-        0 => MemKind::MallocPre,
-        1 => MemKind::MallocPost,
-        2 => MemKind::AllocPre,
-        3 => MemKind::AllocPost,
-        4 => MemKind::FreePre,
-        5 => MemKind::FreePost,
-        6 => MemKind::Release,
-        7 => MemKind::OutOfMemory,
-        8 => MemKind::LimitSet,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "memory event kind {other} is not one of 0..=8 (MemKind in the trace format)"
-            )))
-        }
+    MemKind::try_from(kind).map_err(|other| {
+        PyValueError::new_err(format!(
+            "memory event kind {other} is not one of the trace format's (poolsight._native.MALLOC_POST, ...)"
+        ))
     })
 }
 
@@ -618,6 +611,18 @@ fn cli(py: Python<'_>, argv: &Bound<'_, PyList>) -> PyResult<i32> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("PoolsightError", m.py().get_type::<PoolsightError>())?;
+    // The kinds, as the trace format numbers them (poolsight_schema::kinds): MALLOC_POST, ...,
+    // FUNCTION, LINK, SCOPE, and the phases NONE, FORWARD, BACKWARD.
+    for k in MemKind::ALL {
+        m.add(k.name().to_uppercase(), *k as u8)?;
+    }
+    for k in ScopeKind::ALL {
+        let f = FrameKind::from(*k);
+        m.add(f.name().to_uppercase(), f as u8)?;
+    }
+    for p in Phase::ALL {
+        m.add(p.name().to_uppercase(), *p as u8)?;
+    }
     m.add_class::<Recorder>()?;
     m.add_class::<ScopeGuard>()?;
     m.add_class::<Token>()?;

@@ -19,7 +19,19 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
-use crate::writer::CpuSource;
+/// Where per-epoch CPU memory figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuSource {
+    None,
+    /// Exact heap bytes from the counting global allocator; per epoch, with `tracemalloc`'s
+    /// meaning (the blocks allocated since the epoch began).
+    Heap,
+    /// Resident set size.
+    Rss,
+    /// Given by the caller with each epoch mark, with `tracemalloc`'s meaning (the Python
+    /// package's default); the recorder measures nothing itself.
+    Tracemalloc,
+}
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);

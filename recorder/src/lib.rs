@@ -2,7 +2,8 @@
 //!
 //! - [`writer`]: the memory-mapped trace writer ([`Recorder`], per-thread chunks, interning);
 //! - [`clock`]: the tick clock and its calibration;
-//! - [`kinds`]: what is recorded ([`MemKind`], [`MarkKind`], [`FrameKind`], [`Phase`]);
+//! - [`kinds`]: what is recorded ([`MemKind`], [`MarkKind`], [`FrameKind`], [`Phase`]), the
+//!   schema's own enums, re-exported;
 //! - [`scope`]: function/link/user scopes, as RAII guards for Rust and as tokens for foreign
 //!   callers, and the interning of foreign call stacks;
 //! - [`epoch`], [`cpu`]: epochs and CPU memory figures.
@@ -15,14 +16,13 @@ pub mod clock;
 pub mod cpu;
 pub mod epoch;
 mod error;
-pub mod kinds;
 pub mod scope;
 pub mod writer;
 
 pub use cpu::CountingAllocator;
 pub use epoch::CpuSampler;
 pub use error::{RecorderError, ScopeError};
-pub use kinds::{FrameKind, MarkKind, MemKind, Phase, ScopeKind};
+pub use poolsight_schema::kinds::{self, FrameKind, MarkKind, MemKind, Phase, ScopeKind};
 pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
     CpuSource, DeviceInfo, Frame, Handle, MemRecord, Mode, Recorder, RecorderConfig, Summary,

@@ -24,6 +24,7 @@
 #[path = "generated/mod.rs"]
 mod generated;
 
+pub mod kinds;
 pub mod lock;
 
 /// The FlatBuffers runtime the generated code is pinned to, for building buffers by hand.

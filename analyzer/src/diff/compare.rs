@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde::{Serialize, Serializer};
 
-use super::rules::Rule;
+use super::rules::{Rule, Threshold};
 use crate::tables::{diff_keys, Figure, Figures, Quantity, Section};
 
 /// One key compared: `None` on a side that has no such key (added or removed).
@@ -253,4 +253,29 @@ impl Diff {
 pub struct DiffJson<'a> {
     pub rows: Vec<&'a Row>,
     pub violations: &'a [Violation],
+}
+
+impl Rule {
+    /// The change that crosses this rule, if the row's does.
+    pub fn crossed_by(&self, row: &Row) -> Option<Change> {
+        let over = |x: f64, limit: f64| {
+            if self.inclusive {
+                x >= limit
+            } else {
+                x > limit
+            }
+        };
+        match self.threshold {
+            Threshold::Percent(limit) => {
+                let (b, n) = (row.base_or_zero(), row.new.unwrap_or(0));
+                match percent(b, n) {
+                    Some(p) => over(p, limit).then_some(Change::Percent(p)),
+                    None => (n > b).then_some(Change::FromZero),
+                }
+            }
+            Threshold::Amount(limit) => {
+                over(row.delta as f64, limit).then_some(Change::Amount(row.delta))
+            }
+        }
+    }
 }

@@ -5,7 +5,6 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::compare::{percent, Change, Row};
 use crate::tables::{diff_keys, Quantity};
 
 /// A rule's threshold.
@@ -328,29 +327,6 @@ impl Rule {
             glob(&self.metric, key)
         } else {
             self.metric == key
-        }
-    }
-
-    /// The change that crosses this rule, if the row's does.
-    pub fn crossed_by(&self, row: &Row) -> Option<Change> {
-        let over = |x: f64, limit: f64| {
-            if self.inclusive {
-                x >= limit
-            } else {
-                x > limit
-            }
-        };
-        match self.threshold {
-            Threshold::Percent(limit) => {
-                let (b, n) = (row.base_or_zero(), row.new.unwrap_or(0));
-                match percent(b, n) {
-                    Some(p) => over(p, limit).then_some(Change::Percent(p)),
-                    None => (n > b).then_some(Change::FromZero),
-                }
-            }
-            Threshold::Amount(limit) => {
-                over(row.delta as f64, limit).then_some(Change::Amount(row.delta))
-            }
         }
     }
 }

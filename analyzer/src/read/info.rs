@@ -8,7 +8,7 @@ use poolsight_schema::fb;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, EVENT_KEYS};
+use crate::read::names::{event_keys, mark_kind_name, mem_kind_name, scope_event_name, FrameKind};
 use crate::read::{ChunkInfo, ChunkKind, Trace};
 use crate::replay::{PoolFigures, Profile};
 use crate::tables::render::{humanized, seconds_or_ms};
@@ -309,7 +309,8 @@ pub fn render_table(i: &Info) -> String {
     let _ = writeln!(o, "events       {}", i.total_events);
     let width = i.events.keys().map(|k| k.len()).max().unwrap_or(0);
     let mut kinds: Vec<(&str, u64)> = i.events.iter().map(|(k, v)| (*k, *v)).collect();
-    kinds.sort_by_key(|(k, _)| EVENT_KEYS.iter().position(|x| x == k).unwrap_or(usize::MAX));
+    let order = event_keys();
+    kinds.sort_by_key(|(k, _)| order.iter().position(|x| x == k).unwrap_or(usize::MAX));
     for (k, v) in kinds {
         let _ = writeln!(o, "  {k:<width$}  {v}");
     }

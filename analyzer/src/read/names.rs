@@ -22,10 +22,11 @@
 //! - Times (`peak_used_ns`, `peak_acquired_ns`, `duration_ns`, epoch bounds, ...) are ns since
 //!   the trace's start, converted from the recorder's clock ticks and rounded down to whole ns.
 
-use poolsight_schema::fb;
+use poolsight_schema::{fb, kinds};
 use serde::Serialize;
 
-/// Kind of a frame, as recorded.
+/// Kind of a frame, as recorded ([`kinds::FrameKind`]), or `Unknown` for a frame a damaged
+/// trace names but never defined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FrameKind {
@@ -37,88 +38,74 @@ pub enum FrameKind {
     Unknown,
 }
 
-impl From<fb::FrameKind> for FrameKind {
-    fn from(k: fb::FrameKind) -> FrameKind {
+impl From<kinds::FrameKind> for FrameKind {
+    fn from(k: kinds::FrameKind) -> FrameKind {
         match k {
-            fb::FrameKind::Site => FrameKind::Site,
-            fb::FrameKind::Function => FrameKind::Function,
-            fb::FrameKind::Link => FrameKind::Link,
-            fb::FrameKind::Scope => FrameKind::Scope,
-            fb::FrameKind::Foreign => FrameKind::Foreign,
-            _ => FrameKind::Unknown,
+            kinds::FrameKind::Site => FrameKind::Site,
+            kinds::FrameKind::Function => FrameKind::Function,
+            kinds::FrameKind::Link => FrameKind::Link,
+            kinds::FrameKind::Scope => FrameKind::Scope,
+            kinds::FrameKind::Foreign => FrameKind::Foreign,
         }
     }
 }
 
+impl From<fb::FrameKind> for FrameKind {
+    fn from(k: fb::FrameKind) -> FrameKind {
+        kinds::FrameKind::try_from(k).map_or(FrameKind::Unknown, FrameKind::from)
+    }
+}
+
 impl FrameKind {
-    /// The stable name exports and JSON use.
+    /// The stable name exports and JSON use ([`kinds::FrameKind::name`]).
     pub fn as_str(self) -> &'static str {
         match self {
-            FrameKind::Site => "site",
-            FrameKind::Function => "function",
-            FrameKind::Link => "link",
-            FrameKind::Scope => "scope",
-            FrameKind::Foreign => "foreign",
+            FrameKind::Site => kinds::FrameKind::Site.name(),
+            FrameKind::Function => kinds::FrameKind::Function.name(),
+            FrameKind::Link => kinds::FrameKind::Link.name(),
+            FrameKind::Scope => kinds::FrameKind::Scope.name(),
+            FrameKind::Foreign => kinds::FrameKind::Foreign.name(),
             FrameKind::Unknown => "unknown",
         }
     }
 }
 
-/// Whether a scope ran in the forward or the backward pass, as recorded.
+/// Whether a scope ran in the forward or the backward pass, as recorded; a value the format
+/// does not know reads as `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Phase {
-    None,
-    Forward,
-    Backward,
+pub struct Phase(#[serde(serialize_with = "phase_name")] pub kinds::Phase);
+
+fn phase_name<S: serde::Serializer>(p: &kinds::Phase, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(p.name())
+}
+
+#[allow(non_upper_case_globals)]
+impl Phase {
+    pub const None: Phase = Phase(kinds::Phase::None);
+    pub const Forward: Phase = Phase(kinds::Phase::Forward);
+    pub const Backward: Phase = Phase(kinds::Phase::Backward);
+
+    /// The stable name exports and JSON use.
+    pub fn as_str(self) -> &'static str {
+        self.0.name()
+    }
 }
 
 impl From<fb::Phase> for Phase {
     fn from(p: fb::Phase) -> Phase {
-        match p {
-            fb::Phase::Forward => Phase::Forward,
-            fb::Phase::Backward => Phase::Backward,
-            _ => Phase::None,
-        }
-    }
-}
-
-impl Phase {
-    /// The stable name exports and JSON use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::None => "none",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-        }
+        Phase(kinds::Phase::try_from(p).unwrap_or(kinds::Phase::None))
     }
 }
 
 /// A memory event's name in `info` and in the JSON Lines export.
 pub fn mem_kind_name(k: fb::MemKind) -> &'static str {
-    match k {
-        fb::MemKind::MallocPre => "malloc_pre",
-        fb::MemKind::MallocPost => "malloc_post",
-        fb::MemKind::AllocPre => "alloc_pre",
-        fb::MemKind::AllocPost => "alloc_post",
-        fb::MemKind::FreePre => "free_pre",
-        fb::MemKind::FreePost => "free_post",
-        fb::MemKind::Release => "release",
-        fb::MemKind::OutOfMemory => "out_of_memory",
-        fb::MemKind::LimitSet => "limit_set",
-        _ => "unknown_mem",
-    }
+    kinds::MemKind::try_from(k).map_or("unknown_mem", kinds::MemKind::name)
 }
 
 /// A mark's name in `info` and in the JSON Lines export.
 pub fn mark_kind_name(k: fb::MarkKind) -> &'static str {
-    match k {
-        fb::MarkKind::EpochBegin => "epoch_begin",
-        fb::MarkKind::EpochEnd => "epoch_end",
-        fb::MarkKind::CpuSample => "cpu_sample",
-        fb::MarkKind::ScopeAbort => "scope_abort",
-        _ => "unknown_mark",
-    }
+    kinds::MarkKind::try_from(k).map_or("unknown_mark", kinds::MarkKind::name)
 }
 
 /// A scope event's key in `info`, by its innermost frame's kind (`None`: a stack or frame the
@@ -144,22 +131,11 @@ pub fn scope_category(innermost: FrameKind) -> &'static str {
 /// Every event key `info` may show, in the order it lists them: the pool's hooks in CuPy's
 /// order, then scopes, then marks. Keys not listed here (unknown kinds of a newer writer)
 /// come last.
-pub const EVENT_KEYS: &[&str] = &[
-    "malloc_pre",
-    "malloc_post",
-    "alloc_pre",
-    "alloc_post",
-    "free_pre",
-    "free_post",
-    "release",
-    "out_of_memory",
-    "limit_set",
-    "function",
-    "link",
-    "scope",
-    "scope_other",
-    "epoch_begin",
-    "epoch_end",
-    "cpu_sample",
-    "scope_abort",
-];
+pub fn event_keys() -> Vec<&'static str> {
+    kinds::MemKind::ALL
+        .iter()
+        .map(|k| k.name())
+        .chain(["function", "link", "scope", "scope_other"])
+        .chain(kinds::MarkKind::ALL.iter().map(|k| k.name()))
+        .collect()
+}

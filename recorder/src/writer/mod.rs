@@ -27,6 +27,7 @@ pub use defs::{DeviceInfo, Frame};
 pub use thread::MemRecord;
 
 use crate::clock::{self, Calibration};
+pub use crate::cpu::CpuSource;
 use crate::error::RecorderError;
 use crate::kinds::MarkKind;
 use chunk::{write_sealed, Stream, Template};
@@ -39,20 +40,6 @@ pub enum Mode {
     Grow,
     /// Flight recorder: `slots` event chunks of `chunk_size` bytes; the oldest are overwritten.
     Ring { slots: u32 },
-}
-
-/// Where per-epoch CPU memory figures come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CpuSource {
-    None,
-    /// Exact heap bytes from the counting global allocator; per epoch, with `tracemalloc`'s
-    /// meaning (the blocks allocated since the epoch began).
-    Heap,
-    /// Resident set size.
-    Rss,
-    /// Given by the caller with each epoch mark, with `tracemalloc`'s meaning (the Python
-    /// package's default); the recorder measures nothing itself.
-    Tracemalloc,
 }
 
 /// Settings for [`Recorder::create`]. `RecorderConfig::default()` is lossless and fine for most

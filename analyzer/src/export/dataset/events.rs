@@ -34,9 +34,9 @@ const BATCH_ROWS: usize = 1 << 18;
 const MAX_STACK_DEPTH: u32 = 4096;
 
 /// The `kind` column's values, in the order of their dictionary codes: `info`'s event keys
-/// ([`crate::read::names::EVENT_KEYS`]), then two for kinds this reader does not know.
+/// ([`crate::read::names::event_keys`]), then two for kinds this reader does not know.
 static KINDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-    let mut kinds = crate::read::names::EVENT_KEYS.to_vec();
+    let mut kinds = crate::read::names::event_keys();
     kinds.extend(["unknown_mem", "unknown_mark"]);
     kinds
 });
