@@ -19,10 +19,6 @@ extern crate self as poolsight;
 pub mod cli;
 #[cfg(feature = "cli")]
 mod demo;
-#[cfg(feature = "cli")]
-mod diff_cmd;
-#[cfg(feature = "cli")]
-mod term;
 
 // The examples of the README and of docs/rust.md, compiled and run as doc tests
 // (`cargo test --doc -p poolsight`); python/tests/test_docs.py runs the pages' other examples.

@@ -137,7 +137,7 @@ fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::R
             ..ReplayOptions::default()
         };
         // One path: one trace and its profile, or an error.
-        let mut loaded = crate::term::load_traces(std::slice::from_ref(path), replay)?;
+        let mut loaded = super::load::load_traces(std::slice::from_ref(path), replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
         figures.push(Figures::of(&Report::compute(&profile, &opts)));
@@ -185,7 +185,7 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
             args.flamegraph_metric
         );
         match flamegraph::differential_svg(b, n, args.flamegraph_metric, &title) {
-            Ok(svg) => crate::term::write_file(path, &svg)?,
+            Ok(svg) => super::output::write_file(path, &svg)?,
             // A run with nothing to draw must not hide the verdict a CI job is waiting for.
             Err(e @ FlameError::Empty { .. }) => {
                 eprintln!("poolsight: warning: no flamegraph written: {e}")
@@ -201,7 +201,7 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
             new_paths[0].display()
         );
         let page = html::diff_page(&title, (&b.0, &b.1), (&n.0, &n.1));
-        crate::term::write_file(path, page.as_bytes())?;
+        super::output::write_file(path, page.as_bytes())?;
     }
 
     let show = ShowOptions {

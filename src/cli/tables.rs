@@ -1,0 +1,183 @@
+//! The report tables: `info`, `functions`, `lines`, `timers`, `epochs`, `report`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use poolsight::analyzer::read::info;
+use poolsight::analyzer::tables::functions::{self, Unit};
+use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};
+use poolsight::analyzer::tables::{epochs, lines, Report, ReportOptions};
+use poolsight::analyzer::ReplayOptions;
+
+use super::args::{parse_table, parse_time_unit, parse_unit, table_names, Format, Input};
+use super::load::{computed, load_traces};
+use super::output::emit;
+
+#[derive(Args)]
+pub struct InfoArgs {
+    /// Trace file(s) (*.pstrace).
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+pub fn info(args: InfoArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let mut infos = Vec::new();
+    for path in &args.traces {
+        // As every report loads a trace: checksums checked as the replay reads each chunk,
+        // the whole file checked first only if one fails. The warnings go to stderr as for
+        // every command, and `info` lists them too.
+        let loaded = load_traces(std::slice::from_ref(path), ReplayOptions::default())?;
+        let (trace, profile) = (&loaded.traces[0], &loaded.profiles[0]);
+        let mut i = info::info(trace);
+        info::add_replay(&mut i, profile);
+        infos.push(i);
+    }
+    match args.format {
+        Format::Csv => write!(out, "{}", info::render_csv(&infos))?,
+        Format::Table => {
+            for (n, i) in infos.iter().enumerate() {
+                if n > 0 {
+                    writeln!(out)?;
+                }
+                write!(out, "{}", info::render_table(i))?;
+            }
+        }
+        Format::Json => {
+            let json = if infos.len() == 1 {
+                serde_json::to_string_pretty(&infos[0])?
+            } else {
+                serde_json::to_string_pretty(&infos)?
+            };
+            writeln!(out, "{json}")?;
+        }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct FunctionsArgs {
+    #[command(flatten)]
+    input: Input,
+    /// auto (one unit per column, from its largest value), auto_foreach (one per cell), or
+    /// B, KB, MB, GB, TB, PB, EB, ZB.
+    #[arg(long, default_value = "auto", value_parser = parse_unit)]
+    unit: Unit,
+    /// Add exclusive columns: bytes of the function's own mallocs, not its callees'.
+    #[arg(long = "self")]
+    with_self: bool,
+}
+
+pub fn functions(args: FunctionsArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = computed(&args.input, functions::functions)?;
+    emit(
+        out,
+        args.input.format,
+        &v,
+        |f| functions::render_table(f, args.unit, args.with_self),
+        functions::render_csv,
+    )
+}
+
+#[derive(Args)]
+pub struct LinesArgs {
+    #[command(flatten)]
+    input: Input,
+    /// Keep the outermost N-1 levels under _root (0: no limit), as CuPy's max_depth.
+    #[arg(long, default_value_t = 0)]
+    max_depth: usize,
+}
+
+pub fn lines(args: LinesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = computed(&args.input, |p| lines::lines(p, args.max_depth))?;
+    emit(
+        out,
+        args.input.format,
+        &v,
+        lines::render_table,
+        lines::render_csv,
+    )
+}
+
+#[derive(Args)]
+pub struct TimersArgs {
+    #[command(flatten)]
+    input: Input,
+    /// Only the link table.
+    #[arg(long, conflicts_with = "functions")]
+    links: bool,
+    /// Only the function table.
+    #[arg(long)]
+    functions: bool,
+    /// auto (one unit for the table, from its largest time, as Chainer), auto_foreach (one
+    /// per row), sec, ms, us or ns.
+    #[arg(long, default_value = "auto", value_parser = parse_time_unit)]
+    unit: TimeUnit,
+}
+
+pub fn timers(args: TimersArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let which = match (args.links, args.functions) {
+        (true, _) => Which::Links,
+        (_, true) => Which::Functions,
+        _ => Which::Both,
+    };
+    let v = computed(&args.input, timers::timers)?;
+    emit(
+        out,
+        args.input.format,
+        &v,
+        |t| timers::render_table(t, which, args.unit),
+        timers::render_csv,
+    )
+}
+
+#[derive(Args)]
+pub struct EpochsArgs {
+    #[command(flatten)]
+    input: Input,
+}
+
+pub fn epochs(args: EpochsArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = computed(&args.input, epochs::epochs)?;
+    emit(
+        out,
+        args.input.format,
+        &v,
+        epochs::render_table,
+        epochs::render_csv,
+    )
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    input: Input,
+    /// With --format csv: which table to write (a CSV file holds one table): summary,
+    /// functions, lines, timers or epochs. Each command's own --format csv gives the same.
+    #[arg(long, value_parser = parse_table)]
+    table: Option<&'static str>,
+}
+
+pub fn report(args: ReportArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let input = &args.input;
+    let table = match (input.format, args.table) {
+        (Format::Csv, Some(t)) => t,
+        (Format::Csv, None) => anyhow::bail!(
+            "report --format csv writes one table: choose it with --table {}",
+            table_names()
+        ),
+        (_, Some(_)) => anyhow::bail!("--table chooses a CSV table: use it with --format csv"),
+        (_, None) => "summary",
+    };
+    let opts = ReportOptions::default();
+    let v = computed(input, |p| Report::compute(p, &opts))?;
+    emit(
+        out,
+        input.format,
+        &v,
+        |r| r.render_table(&opts),
+        |r| r.render_csv(table).unwrap_or_default(),
+    )
+}
