@@ -4,7 +4,10 @@
 //! exact-byte checks live in one test function, run as consecutive phases: any allocation by a
 //! concurrent test would make the exact comparisons flaky.
 
-mod common;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::common;
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -1,7 +1,10 @@
 //! The TraceHook turns each pool callback into the memory event trace.fbs describes, with the
 //! allocation's stack (open scopes plus the call site).
 
-mod common;
+#[path = "support/mod.rs"]
+mod support;
+
+use support::common;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

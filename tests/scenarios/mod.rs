@@ -4,7 +4,7 @@
 //! compared on.
 //!
 //! The line report names `file:line` of these scopes and calls: editing this file moves them,
-//! and then `POOLSIGHT_BLESS=1 cargo test --test golden` rewrites the fixtures.
+//! and then `POOLSIGHT_BLESS=1 cargo test --test integration golden::` rewrites the fixtures.
 
 use std::path::Path;
 use std::sync::Arc;

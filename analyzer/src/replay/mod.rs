@@ -12,7 +12,7 @@
 //!   combined in order (`ordered.rs`). A trace the windows cannot stand
 //!   for (a thread going back in time, bytes that would saturate) is merged on one thread
 //!   instead, beside a per-stack pass parallel over chunks: the figures are the same either
-//!   way, which `tests/windows.rs` checks on traces cut into windows of every size.
+//!   way, which `tests/integration/windows.rs` checks on traces cut into windows of every size.
 //!
 //! A window reads each chunk once: it checks the chunk's checksum (when the trace was opened
 //! with [`Trace::open_deferred`]) and folds it by stack as it reads it, and the merge then

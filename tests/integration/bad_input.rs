@@ -1,10 +1,9 @@
 //! Every analysis command on bad or unusual input: a clear one-line error and exit 2, or a
 //! result (with warnings for damaged parts) and exit 0 — never a panic, never another code.
 
-mod scratch;
+use crate::support::{cli, scratch, Outcome};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use poolsight::recorder::{Recorder, RecorderConfig};
 
@@ -35,12 +34,6 @@ const COMMANDS: &[&[&str]] = &[
     &["export", "--format", "parquet", "-o", "OUTDIR"],
 ];
 
-struct Outcome {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn run(args: &[&str], trace: &Path) -> Outcome {
     let out_path = scratch("out");
     let out_dir = scratch("dataset");
@@ -55,17 +48,9 @@ fn run(args: &[&str], trace: &Path) -> Outcome {
                 a.to_string()
             }
         })
+        .chain([trace.display().to_string()])
         .collect();
-    let o = Command::new(env!("CARGO_BIN_EXE_poolsight"))
-        .args(&args)
-        .arg(trace)
-        .output()
-        .expect("run poolsight");
-    Outcome {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    cli(&args)
 }
 
 /// The contract for any input: exit 0, or exit 2 with exactly one error line (warnings about

@@ -1,7 +1,7 @@
 //! Scopes as Chainer's hooks would open them: the stacks they intern, the events they write when
 //! they close, and what happens when guards are dropped in an unusual order.
 
-mod common;
+use crate::support::common;
 
 use common::{trace_path, Trace};
 use poolsight::recorder::{Phase, Recorder, RecorderConfig};

@@ -2,7 +2,7 @@
 //! to the live file's figures, the live file is kept whole, and a copy that cannot be written
 //! is an error naming the live file, which still reads in full.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::{Path, PathBuf};
 

@@ -4,12 +4,11 @@
 //! directory that is not a dataset, a damaged trace: exit 2, one line, nothing left looking
 //! complete.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use arrow_array::types::Int8Type;
 use arrow_array::{
@@ -390,14 +389,8 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn poolsight(args: &[&str]) -> (i32, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_poolsight"))
-        .args(args)
-        .output()
-        .expect("run poolsight");
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let o = crate::support::cli(args);
+    (o.code, o.stderr)
 }
 
 fn one_error_line(stderr: &str) -> &str {

@@ -10,8 +10,7 @@ use poolsight::analyzer::read::DeviceDef;
 use poolsight::analyzer::{ChunkKind, Trace as Verified};
 use poolsight::schema::fb;
 
-#[path = "../scratch/mod.rs"]
-mod scratch;
+use super::scratch;
 
 /// A fresh path in this test process's scratch directory, removed when the process exits.
 pub fn trace_path(name: &str) -> PathBuf {

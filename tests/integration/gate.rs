@@ -1,7 +1,7 @@
 //! The CI gate: `diff` refuses partial runs (exit 2, one line) unless `--allow-incomplete`;
 //! merging refuses the same trace or rank twice; usage errors are one line with exit 2.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::process::{Command, Output};
 

@@ -3,12 +3,12 @@
 //! of each scenario must give the same memory reports as its committed trace, so the
 //! recorder and the analyzer are checked end to end.
 //!
-//! After an intended change of output: `POOLSIGHT_BLESS=1 cargo test --test golden` records
+//! After an intended change of output: `POOLSIGHT_BLESS=1 cargo test --test integration golden::` records
 //! the scenarios again and rewrites the expected files; review them as a diff.
 
-mod scenarios;
+use crate::scenarios;
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! `export`: a small run recorded, exported as Chrome trace JSON and as JSON Lines, and read
 //! back with serde_json as Perfetto or pandas would read it.
 
-mod common;
+use crate::support::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! the peak where the pool peaked), that they are the same bytes every time, and that names
 //! from user code cannot inject markup.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! traces whose threads' timestamps tie everywhere (cuts must move past ties), and on traces
 //! where a thread goes back in time (the windows must notice and the replay fall back).
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

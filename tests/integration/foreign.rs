@@ -2,7 +2,7 @@
 //! by token with a file and line given as values, foreign call stacks interned once, and
 //! memory events of an allocator poolsight does not own.
 
-mod common;
+use crate::support::common;
 
 use common::{trace_path, Trace};
 use poolsight::recorder::{

@@ -3,10 +3,9 @@
 //! pass, a bigger layer fails with the rows that grew, renamed functions show as added and
 //! removed, and bad rules are refused with exit 2.
 
-mod scratch;
+use crate::support::{cli, scratch, Outcome};
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use poolsight::pool::device::HostDevice;
@@ -19,28 +18,8 @@ fn dir() -> &'static Path {
     scratch::process_dir()
 }
 
-struct Outcome {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
-    }
-}
-
 fn poolsight(args: &[&str]) -> Outcome {
-    let o = Command::new(env!("CARGO_BIN_EXE_poolsight"))
-        .args(args)
-        .output()
-        .expect("poolsight runs");
-    Outcome {
-        code: o.status.code().expect("an exit status"),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    cli(args)
 }
 
 /// The demo, small enough for a debug build: `hidden` is the size the "change" alters.
@@ -440,7 +419,7 @@ fn unchanged_rows_show_with_all_and_the_flamegraph_is_written() {
 }
 
 /// The figure the issue asks for: two traces of about 10M events each, diffed. Run with
-/// `cargo test --release --test diff -- --ignored --nocapture`.
+/// `cargo test --release --test integration diff:: -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn diff_of_two_10m_event_traces() {

@@ -1,6 +1,6 @@
 //! The trace format end to end: record with the writer, read with the analyzer's reader.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -287,7 +287,7 @@ fn sigkill_loses_nothing_recorded_before_the_kill() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "sigkill_child_entry",
+            "format::sigkill_child_entry",
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -602,7 +602,7 @@ fn the_file_size_limit_is_a_size_cap() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "fsize_child_entry",
+                "format::fsize_child_entry",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",

@@ -1,7 +1,7 @@
 //! The README's CI recipe, `scripts/ci-gate.sh`, run as a CI job would run it: a git repository
 //! whose "training" (the demo, sized by a file in the repository) grows on the change.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //! headers crafted to make a careless reader loop, overflow or allocate. Every case finishes
 //! fast, and every change to what a trace says is caught (an error or a warning) or harmless.
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

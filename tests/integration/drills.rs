@@ -2,8 +2,7 @@
 //! itself — no signal, no lost acknowledged event, no clobbered file. Each drill failed (most by
 //! killing the test process with SIGBUS) before poolsight locked its trace files.
 
-#[path = "scratch/mod.rs"]
-mod scratch;
+use crate::support::scratch;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -102,7 +101,7 @@ fn recording_child_entry() {
     for i in 0..1_000 {
         rec.record_mem(malloc(i));
     }
-    println!("recording");
+    println!("\nCHILD-RECORDING");
     std::io::stdout().flush().unwrap();
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
@@ -121,7 +120,7 @@ fn a_second_recording_in_another_process_is_refused() {
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "recording_child_entry",
+            "drills::recording_child_entry",
             "--ignored",
             "--nocapture",
         ])
@@ -131,7 +130,7 @@ fn a_second_recording_in_another_process_is_refused() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert!(lines.any(|l| l.unwrap().trim() == "recording"));
+    assert!(lines.any(|l| l.unwrap().trim() == "CHILD-RECORDING"));
     for overwrite in [false, true] {
         let err = record(&path, 10, overwrite).expect_err("refused");
         assert!(
@@ -475,15 +474,8 @@ fn killed_child_entry() {
 }
 
 fn cli(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_poolsight"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
+    let o = crate::support::cli(args);
+    (o.code, o.stdout, o.stderr)
 }
 
 /// A run killed mid-way: every command that reads it says so in one stderr line, and `info`,
@@ -495,7 +487,12 @@ fn a_killed_trace_says_so_everywhere_and_counts_agree() {
     let dir = scratch::dir();
     let path = dir.join("killed.pstrace");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "killed_child_entry", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            "drills::killed_child_entry",
+            "--ignored",
+            "--nocapture",
+        ])
         .env("POOLSIGHT_DRILL_KILLED", &path)
         .stdout(std::process::Stdio::piped())
         .spawn()

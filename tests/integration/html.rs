@@ -3,7 +3,7 @@
 //! that snapshots stay bounded, and that names from user code reach the page only as escaped
 //! data. (tests/browser/ opens the page in Chromium.)
 
-mod scratch;
+use crate::support::scratch;
 
 use std::path::Path;
 use std::sync::Arc;

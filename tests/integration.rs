@@ -1,0 +1,44 @@
+//! The end-to-end tests, one module per subject, in one test binary (linking one binary instead
+//! of sixteen is most of their build time). `tests/epochs.rs` (it installs a counting global
+//! allocator) and `tests/trace_hook.rs` (it registers process-wide hooks) stay binaries of
+//! their own, so that no other test disturbs what they count.
+//!
+//! Run one subject with `cargo test --test integration golden::`.
+
+#[path = "scenarios/mod.rs"]
+mod scenarios;
+#[path = "support/mod.rs"]
+mod support;
+
+#[path = "integration/bad_input.rs"]
+mod bad_input;
+#[path = "integration/ci_gate.rs"]
+mod ci_gate;
+#[path = "integration/crafted.rs"]
+mod crafted;
+#[path = "integration/diff.rs"]
+mod diff;
+#[path = "integration/drills.rs"]
+mod drills;
+#[path = "integration/export.rs"]
+mod export;
+#[path = "integration/finish_packed.rs"]
+mod finish_packed;
+#[path = "integration/foreign.rs"]
+mod foreign;
+#[path = "integration/format.rs"]
+mod format;
+#[path = "integration/gate.rs"]
+mod gate;
+#[path = "integration/golden.rs"]
+mod golden;
+#[path = "integration/html.rs"]
+mod html;
+#[path = "integration/parquet.rs"]
+mod parquet;
+#[path = "integration/scopes.rs"]
+mod scopes;
+#[path = "integration/visuals.rs"]
+mod visuals;
+#[path = "integration/windows.rs"]
+mod windows;
