@@ -318,7 +318,8 @@ class _Tracker(TorchDispatchMode):
         if dev is None:
             dev = len(self._devices)
             self._devices[key] = dev
-            self._native.define_device(dev, key, 0, 1)
+            kind = _native.DEVICE_CPU if t.device.type == "cpu" else _native.DEVICE_GPU
+            self._native.define_device(dev, key, 0, 1, kind, True)
         return dev
 
     def _stack(self, category: str) -> int:

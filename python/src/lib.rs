@@ -12,7 +12,9 @@ use pyo3::types::{PyDict, PyList};
 use rustc_hash::FxHashMap;
 
 use poolsight_capi::{Session, SessionError, SessionPool};
-use poolsight_recorder::{FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
+use poolsight_recorder::{
+    DeviceInfo, DeviceKind, FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken,
+};
 
 mod cupy_alloc;
 mod cupy_hook;
@@ -189,17 +191,32 @@ impl Recorder {
         self.session.abort(token.0).map_err(err)
     }
 
-    /// Describes a device that ``mem`` events name by ``id``.
-    #[pyo3(signature = (id, name, capacity=0, allocation_unit=1))]
+    /// Describes a device that ``mem`` events name by ``id``: ``kind`` is ``DEVICE_GPU``,
+    /// ``DEVICE_CPU`` or ``DEVICE_UNSPECIFIED`` (a pool's device); ``observed`` says the events
+    /// observe an allocator from outside (no pool: each block acquired when allocated).
+    #[pyo3(signature = (id, name, capacity=0, allocation_unit=1, kind=0, observed=false))]
     fn define_device(
         &self,
         id: u32,
         name: &str,
         capacity: u64,
         allocation_unit: u64,
+        kind: u8,
+        observed: bool,
     ) -> PyResult<()> {
-        self.session
-            .define_device(id, name, capacity, allocation_unit);
+        let kind = DeviceKind::try_from(kind).map_err(|k| {
+            PyValueError::new_err(format!(
+                "device kind {k} is not one of the trace format's (poolsight._native.DEVICE_CPU, ...)"
+            ))
+        })?;
+        self.session.define_device_info(DeviceInfo {
+            id,
+            name: name.to_owned(),
+            capacity,
+            allocation_unit: allocation_unit.max(1),
+            kind,
+            observed,
+        });
         Ok(())
     }
 
@@ -622,6 +639,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }
     for p in Phase::ALL {
         m.add(p.name().to_uppercase(), *p as u8)?;
+    }
+    for d in DeviceKind::ALL {
+        m.add(format!("DEVICE_{}", d.name().to_uppercase()), *d as u8)?;
     }
     m.add_class::<Recorder>()?;
     m.add_class::<ScopeGuard>()?;

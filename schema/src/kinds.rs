@@ -120,6 +120,18 @@ kinds! {
         Scope = 3, "scope";
         /// A frame handed in by a foreign caller (a line of a Python traceback).
         Foreign = 4, "foreign";
+        /// A label under an allocation's stack, never a scope: a memory category (1.4).
+        Label = 5, "label";
+    }
+}
+
+kinds! {
+    /// What memory a device's events are about (`DeviceDef.kind`, 1.4).
+    DeviceKind (DeviceKind) {
+        /// Not said (older files, a pool's simulated host device): a GPU pool.
+        Unspecified = 0, "unspecified";
+        Gpu = 1, "gpu";
+        Cpu = 2, "cpu";
     }
 }
 
@@ -208,6 +220,16 @@ mod tests {
         }
         for v in fb::FrameKind::ENUM_VALUES {
             assert!(FrameKind::try_from(*v).is_ok(), "{v:?}");
+        }
+        for k in DeviceKind::ALL {
+            let theirs = fb::DeviceKind::from(*k);
+            assert_eq!(
+                theirs.variant_name().map(str::to_lowercase),
+                Some(k.name().to_string())
+            );
+        }
+        for v in fb::DeviceKind::ENUM_VALUES {
+            assert!(DeviceKind::try_from(*v).is_ok(), "{v:?}");
         }
         for k in Phase::ALL {
             let theirs = fb::Phase::from(*k);
