@@ -140,6 +140,23 @@ impl Session {
         }
     }
 
+    /// [`Session::enter`] under the stack `parent` rather than the open scopes (see
+    /// [`Handle::enter_under`]).
+    pub fn enter_under(
+        &self,
+        parent: u32,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> ScopeToken {
+        match self.live() {
+            Some(h) => h.enter_under(parent, kind, name, phase, file, line),
+            None => ScopeToken::from_words([0; 5]),
+        }
+    }
+
     /// Closes a scope opened by [`Session::enter`] on this thread. Refuses a token that is not
     /// an open scope of this thread (wrong use), also after `finish`.
     pub fn exit(&self, token: ScopeToken) -> Result<(), SessionError> {

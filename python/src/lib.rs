@@ -16,6 +16,7 @@ use poolsight_recorder::{
     DeviceInfo, DeviceKind, FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken,
 };
 
+mod autograd;
 mod cupy_alloc;
 mod cupy_hook;
 mod stacks;
@@ -180,6 +181,34 @@ impl Recorder {
         Ok(Token(token))
     }
 
+    /// ``enter`` under the stack ``parent`` (a stack id of this recording) instead of the
+    /// open scopes: for a call that belongs somewhere else than where the thread is (PyTorch's
+    /// backward operators, under the module whose forward made them).
+    fn enter_under(
+        &self,
+        parent: u32,
+        kind: u32,
+        name: &str,
+        phase: u32,
+        file: &str,
+        line: u32,
+    ) -> PyResult<Token> {
+        let token =
+            self.session
+                .enter_under(parent, kind_of(kind)?, name, phase_of(phase)?, file, line);
+        Ok(Token(token))
+    }
+
+    /// An allocation observed in another allocator, which has no pool of poolsight's: its
+    /// ``MALLOC_POST`` and ``ALLOC_POST`` (``size`` bytes at ``ptr``) in one call.
+    #[pyo3(signature = (size, ptr, stack, device=0))]
+    fn observed(&self, size: u64, ptr: u64, stack: u32, device: u32) {
+        self.session
+            .mem_event(MemKind::MallocPost, device, 0, ptr, size, stack, 0);
+        self.session
+            .mem_event(MemKind::AllocPost, device, 0, ptr, size, stack, 0);
+    }
+
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
     fn exit(&self, token: &Token) -> PyResult<()> {
         self.session.exit(token.0).map_err(err)
@@ -338,6 +367,12 @@ impl Recorder {
         Ok(stack)
     }
 
+    /// The stack ``parent`` plus one frame ``file:line`` in ``function`` (a line of Python
+    /// code, as in ``frames_stack``). Interned: the same arguments give the same id.
+    fn frame_under(&self, parent: u32, file: &str, line: u32, function: &str) -> u32 {
+        self.session.push_frame(parent, file, line, function)
+    }
+
     fn __repr__(&self) -> String {
         let state = if self.closed() {
             "finished"
@@ -351,6 +386,15 @@ impl Recorder {
 /// An open scope, from ``Recorder.enter`` for ``Recorder.exit``.
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct Token(ScopeToken);
+
+#[pymethods]
+impl Token {
+    /// The stack id of the scope (0 for a token that opened nothing, after ``finish``).
+    #[getter]
+    fn stack(&self) -> u32 {
+        self.0.stack()
+    }
+}
 
 fn mem_kind(kind: u8) -> PyResult<MemKind> {
     MemKind::try_from(kind).map_err(|other| {
@@ -650,6 +694,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     torch_alloc::register(m)?;
+    autograd::register(m)?;
     cupy_hook::register(m)?;
     cupy_alloc::register(m)?;
     Ok(())
