@@ -44,8 +44,8 @@ use std::sync::Arc;
 use crate::read::{ChunkKind, Trace};
 
 pub use profile::{
-    signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Raised, Seen, Series,
-    Source, NEVER,
+    signed, Agg, CallTree, EpochFigures, Frame, Memory, MemoryKind, Node, PoolFigures, Profile,
+    Raised, Seen, Series, Source, NEVER,
 };
 pub use timeline::Snapshot;
 
@@ -207,6 +207,7 @@ fn assemble(
         pool: timeline.pool(trace),
         epochs: timeline.epochs(trace, end_ticks),
         series: timeline.series(trace),
+        memory: Memory::of(&trace.defs.devices),
     };
     Profile {
         sources: vec![source],
