@@ -465,6 +465,58 @@ impl Memory {
     }
 }
 
+/// Bytes by memory category and by module, from one more time-ordered walk over a trace's
+/// memory events with its link scopes' calls in between (`replay/categories.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CategoryFigures {
+    /// Every category something was allocated under, in the order of their first allocation,
+    /// the allocations without a label last.
+    pub categories: Vec<CategoryBytes>,
+    /// Every module (a chain of link frames) that was called or allocated under, in the order
+    /// first seen, a module before the modules it calls.
+    pub modules: Vec<ModuleBytes>,
+}
+
+/// One memory category's live bytes: a category is the innermost `Label` frame of an
+/// allocation's stack (PyTorch's `parameter`, `activation`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CategoryBytes {
+    /// `None`: allocations whose stack has no label.
+    pub name: Option<String>,
+    /// Live at the moment of the trace's peak of live bytes (the categories add up to it).
+    pub at_peak_bytes: u64,
+    /// The category's own highest live bytes, and when (ns since the trace's start).
+    pub max_bytes: u64,
+    pub max_ns: u64,
+    /// Live when the trace ends.
+    pub at_end_bytes: u64,
+}
+
+/// One module's calls and bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModuleBytes {
+    /// Its link frames, outermost first: the module and the modules that called it.
+    #[serde(skip)]
+    pub path: Vec<Frame>,
+    /// Its completed calls (link scope events whose innermost frame is its own).
+    pub calls: u64,
+    /// Of those, the call whose peak of live bytes was highest (the first of equal ones).
+    pub peak_call: Option<CallBytes>,
+    /// Bytes allocated under it (its submodules included) still live at the trace's peak.
+    pub live_at_peak_bytes: u64,
+}
+
+/// One call's live bytes, the trace's whole (every thread and category): as it began, as it
+/// ended, and the highest in between (exact, from the events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CallBytes {
+    pub begin_ns: u64,
+    pub end_ns: u64,
+    pub before_bytes: i64,
+    pub after_bytes: i64,
+    pub peak_bytes: i64,
+}
+
 /// One replayed trace's own figures.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Source {
@@ -484,6 +536,9 @@ pub struct Source {
     pub series: Series,
     /// What memory its events are about.
     pub memory: Memory,
+    /// Bytes by memory category and by module, when the replay computed them
+    /// ([`crate::replay::ReplayOptions::categories`]).
+    pub categories: Option<CategoryFigures>,
 }
 
 /// Everything the reports need, from one trace or merged from several (ranks of one job).
