@@ -697,8 +697,10 @@ mod fuzz {
     fn analyze_everything(t: &Trace) {
         use poolsight::analyzer::tables::{self, Report, ReportOptions};
         use poolsight::analyzer::{diff, export, views::flamegraph, views::timeline};
+        // Every pass runs, the categories' walk included, on whatever the damage left.
         let opts = poolsight::analyzer::ReplayOptions {
             live_at_peak: true,
+            categories: poolsight::analyzer::replay::CategoryPass::Always,
             ..Default::default()
         };
         let p = poolsight::analyzer::replay(t, 0, &opts);

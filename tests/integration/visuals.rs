@@ -80,11 +80,10 @@ fn folded_bytes_add_up_to_the_root_totals() {
     // 1000 and 600 round to 1024 and 1024 (512-byte unit), 3000 to 3072, 5000 to 5120.
     assert_eq!(root.used_bytes, 1024 + 3072 + 1024 + 5120);
 
-    // Every line is a path under the link, frames `name (file:line)` (the space a no-break
-    // one), in the tree's DFS order.
+    // Every line is a path under the link, frames `name (file:line)`, in the tree's DFS order.
     for l in &used {
         let first = l.split(';').next().expect("a frame");
-        assert!(first.starts_with("MLP\u{a0}("), "{l}");
+        assert!(first.starts_with("MLP ("), "{l}");
         assert!(first.contains(&format!("({}:", file!())), "{l}");
         assert!(first.ends_with(')'), "{l}");
     }
@@ -143,10 +142,10 @@ fn time_is_self_time_and_adds_up_to_the_outermost_scope() {
     assert_eq!(sum(&lines), outer, "self times partition the outer scope");
     let (model_line, matmul_line) = (&lines[0], &lines[1]);
     let value = |l: &str| -> u64 { l.rsplit_once(' ').expect("count").1.parse().expect("int") };
-    assert!(!model_line.contains(';') && model_line.starts_with("Model\u{a0}("));
+    assert!(!model_line.contains(';') && model_line.starts_with("Model ("));
     let frames: Vec<&str> = matmul_line.split(';').collect();
-    assert!(frames.len() == 2 && frames[0].starts_with("Model\u{a0}("));
-    assert!(frames[1].starts_with("MatMul\u{a0}("), "{matmul_line}");
+    assert!(frames.len() == 2 && frames[0].starts_with("Model ("));
+    assert!(frames[1].starts_with("MatMul ("), "{matmul_line}");
     assert!(
         value(matmul_line) >= 6_000_000,
         "two 3 ms calls: {matmul_line}"
@@ -201,17 +200,62 @@ fn semicolons_and_spaces_in_names_keep_one_frame_and_one_count() {
     assert_eq!(lines.len(), 1);
     let (stack, count) = lines[0].rsplit_once(' ').expect("count");
     assert_eq!(count, "512");
-    assert!(
-        !stack.contains(' '),
-        "no ASCII space left to split on: {stack}"
-    );
     assert_eq!(
         stack.split(';').count(),
         2,
         "function and call site: {stack}"
     );
-    assert!(stack.contains("split:me\u{a0}42"));
-    flamegraph_svg(&p, Metric::Used, "t").expect("renders");
+    // The name keeps its ordinary space: the count is read after the line's last one.
+    assert!(stack.starts_with("split:me 42 ("), "{stack}");
+    let svg = text(flamegraph_svg(&p, Metric::Used, "t").expect("renders"));
+    assert!(svg.contains("split:me 42 ("), "the name drawn as written");
+    assert!(!svg.contains('\u{a0}'), "no stand-in characters drawn");
+}
+
+/// A frame without a file reads as its name alone, so a name that ends in a number ends the
+/// line: it must not read as a count (plain) or as the base count (differential).
+#[test]
+fn a_name_ending_in_a_number_is_not_read_as_a_count() {
+    use poolsight::recorder::{Frame, FrameKind, MemKind, MemRecord};
+    let path = trace_path("folded-number");
+    record_on_pool(&path, |h, _| {
+        let step = h.intern_frame(&Frame {
+            kind: FrameKind::Scope,
+            phase: Phase::None,
+            file: String::new(),
+            line: 0,
+            name: "step 3".into(),
+        });
+        let stack = h.intern_stack(0, step);
+        h.record_mem(MemRecord {
+            kind: MemKind::MallocPost,
+            device: 0,
+            stream: 0,
+            ptr: 4096,
+            bytes: 1024,
+            stack,
+            pmem: 1,
+        });
+    });
+    let p = profile(&path);
+    let lines = folded(&p, Metric::Used);
+    assert!(
+        lines.iter().any(|l| l.starts_with("step\u{a0}3")),
+        "{lines:?}"
+    );
+    let svg = text(flamegraph_svg(&p, Metric::Used, "t").expect("renders"));
+    // inferno read one count per line and kept the whole name (a misread takes "3" for a
+    // base count and names the frame "step").
+    assert!(
+        svg.contains("all (1,024 bytes, 100%)"),
+        "one count per line"
+    );
+    assert!(
+        svg.contains("<title>step\u{a0}3 (1,024 bytes"),
+        "the whole name"
+    );
+    let diff = diff_folded(&lines, &lines).expect("diff");
+    assert!(diff.iter().all(|l| l.ends_with(" 1024 1024")), "{diff:?}");
 }
 
 #[test]
@@ -269,7 +313,7 @@ fn differential_flamegraph_compares_the_same_stacks() {
     let lines =
         diff_folded(&folded(&base, Metric::Used), &folded(&new, Metric::Used)).expect("diff");
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("Linear\u{a0}("), "{lines:?}");
+    assert!(lines[0].starts_with("Linear ("), "{lines:?}");
     assert!(lines[0].ends_with(") 1024 3072"), "{lines:?}");
 
     let once = differential_svg(&base, &new, Metric::Used, "diff").expect("svg");
