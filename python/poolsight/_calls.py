@@ -61,7 +61,12 @@ class OpenCalls(threading.local):
         open inside it raised without their post hook, and are aborted first."""
         calls = self.calls
         for i in range(len(calls) - 1, -1, -1):
-            if calls[i][0] is frame:
+            opener = calls[i][0]
+            # PyTorch runs a module's hooks from an inner function of ``_call_impl``, but its
+            # ``always_call`` hooks after an exception from ``_call_impl`` itself: the frame
+            # that called the opener. Left open, the call would keep its frame, and with it
+            # the tensors that frame held, alive until the next call settles it.
+            if opener is frame or opener.f_back is frame:
                 for _, token in reversed(calls[i + 1 :]):
                     native.abort(token)
                 token = calls[i][1]

@@ -200,9 +200,8 @@ class _Sites:
         self._codes[code] = verdict
         return verdict
 
-    def stack(self, parent: int, frame: Any) -> int:
-        """``parent`` plus the user's line of the call made from ``frame`` (``parent`` alone
-        when every frame is a library's)."""
+    def user_frame(self, frame: Any) -> Any:
+        """The innermost frame from ``frame`` out whose code is the user's (None: none is)."""
         codes = self._codes
         while frame is not None:
             code = frame.f_code
@@ -210,14 +209,24 @@ class _Sites:
             if site is False:
                 site = self._judge(code)
             if site is not None:
-                key = (parent, code, frame.f_lineno)
-                stack = self._stacks.get(key)
-                if stack is None:
-                    stack = self._native.frame_under(parent, site[0], frame.f_lineno, site[1])
-                    self._stacks[key] = stack
-                return stack
+                return frame
             frame = frame.f_back
-        return parent
+        return None
+
+    def stack(self, parent: int, frame: Any, skip: Any = None) -> int:
+        """``parent`` plus the user's line of the call made from ``frame`` (``parent`` alone
+        when every frame is a library's, or when the user's frame is ``skip``)."""
+        frame = self.user_frame(frame)
+        if frame is None or frame is skip:
+            return parent
+        code = frame.f_code
+        key = (parent, code, frame.f_lineno)
+        stack = self._stacks.get(key)
+        if stack is None:
+            site = self._codes[code]
+            stack = self._native.frame_under(parent, site[0], frame.f_lineno, site[1])
+            self._stacks[key] = stack
+        return stack
 
     def link_site(self, module: torch.nn.Module) -> tuple[str, int]:
         """Where ``module``'s class defines ``forward``: its link frame's file and line."""
@@ -231,6 +240,16 @@ class _Sites:
 
 # The number autograd gives the next node this thread makes.
 _next_node = torch._C._autograd._get_sequence_nr
+
+
+def _module_name(module: torch.nn.Module, path: str) -> str:
+    """A module call's link name: the model's own class (``Net``), else the module's name in
+    its parent and its class (``norm1: LayerNorm``, ``0: Linear`` in a Sequential), so that
+    siblings of one class stay apart, as in ``MemTracker``'s ``Net.enc.norm1``."""
+    cls = type(module).__name__
+    if not path:
+        return cls
+    return f"{path.rsplit('.', 1)[-1]}: {cls}"
 
 
 class _Local(threading.local):
@@ -268,6 +287,8 @@ class _State:
         # Hooked module calls by the autograd nodes they made (see _native.Spans).
         self.spans = _native.Spans()
         self.backward_ran = False
+        # id(token) of an open optimizer step -> (token, the user's frame that called it).
+        self.steps: dict[int, tuple[Any, Any]] = {}
 
     @staticmethod
     def of(rec: Recording) -> _State:
@@ -281,11 +302,11 @@ class _State:
         """Hooks every module of ``model`` not hooked yet; returns what to give ``release``."""
         taken = []
         try:
-            for module in model.modules():
+            for path, module in model.named_modules():
                 key = id(module)
                 entry = self.modules.get(key)
                 if entry is None:
-                    entry = self.modules[key] = [0, self._install(module)]
+                    entry = self.modules[key] = [0, self._install(module, path)]
                 entry[0] += 1
                 taken.append(key)
         except BaseException:
@@ -304,20 +325,19 @@ class _State:
                     h.remove()
                 del self.modules[key]
 
-    def _install(self, module: torch.nn.Module) -> list:
-        name = type(module).__name__
+    def _install(self, module: torch.nn.Module, path: str) -> list:
+        name = _module_name(module, path)
         file, line = self.sites.link_site(module)
-        native, calls, sites, local = self.native, self.calls, self.sites, self.local
+        native, calls, local = self.native, self.calls, self.local
         spans = self.spans
         state = self
 
         # PyTorch calls both hooks from Module._call_impl: the frame that makes the call.
         def pre(module: torch.nn.Module, inputs: Any) -> None:
             frame = sys._getframe(1)
-            parent = None
             calls.settle(native, frame)
-            if not calls.calls and state.user_lines and not _in_backward():
-                parent = sites.stack(native.scopes_stack(), frame)
+            # In backward (a recomputation), the line that called backward().
+            parent = state.user_parent(frame)
             calls.enter(native, frame, _KIND_LINK, name, 0, file, line, parent)
             if not _in_backward():
                 if len(calls.calls) == 1 and state.backward_ran:
@@ -341,6 +361,23 @@ class _State:
             handles[0].remove()
             raise
         return handles
+
+    def user_parent(self, frame: Any, parent: int | None = None) -> int | None:
+        """The stack a call made from ``frame`` opens under when it should begin with the
+        user's line (None: under the open scopes): when no hooked call is open, or only
+        optimizer steps, called from another line (Lightning's closure: training_step)."""
+        if not self.user_lines:
+            return parent
+        calls = self.calls.calls
+        skip = None
+        if calls:
+            step = self.steps.get(id(calls[-1][1]))
+            if step is None or step[0] is not calls[-1][1]:
+                return parent
+            skip = step[1]
+        base = self.native.scopes_stack() if parent is None else parent
+        stack = self.sites.stack(base, frame, skip)
+        return parent if stack == base else stack
 
     def backward_parent(self) -> int | None:
         """The stack of the module call whose forward made the autograd node running now."""
@@ -427,11 +464,13 @@ class _State:
         # The step is a scope of its own, under the user's line that called it, so that its
         # operators and state read as the optimizer's.
         native, calls = self.native, self.calls
-        parent = None
         calls.settle(native, frame)
-        if not calls.calls and self.user_lines:
-            parent = self.sites.stack(native.scopes_stack(), frame)
+        if not calls.calls:
+            self.steps.clear()
+        parent = self.user_parent(frame)
         calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
+        token = calls.calls[-1][1]
+        self.steps[id(token)] = (token, self.sites.user_frame(frame))
         tracker = self.tracker
         if tracker is not None:
             tracker.optimizer_begins(opt)
@@ -440,6 +479,9 @@ class _State:
         tracker = self.tracker
         if tracker is not None:
             tracker.optimizer_ends(opt)
+        calls = self.calls.calls
+        if calls:
+            self.steps.pop(id(calls[-1][1]), None)
         self.calls.exit(self.native, frame)
 
 
@@ -491,17 +533,14 @@ class _Mode(TorchDispatchMode):
         native = self._native
         if torch._C._current_graph_task_id() != -1:
             phase = _PHASE_BACKWARD
-            parent = state.backward_parent()
+            # Activation checkpointing's recomputation: under the modules running again.
+            parent = None if state.local.recompute else state.backward_parent()
             if parent is None:
                 # A node no module made (the loss's): under the line that called backward().
-                parent = native.scopes_stack()
-                if state.user_lines and not state.calls.calls:
-                    parent = state.sites.stack(parent, sys._getframe(1))
+                parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         else:
             phase = _PHASE_FORWARD
-            parent = native.scopes_stack()
-            if state.user_lines and not state.calls.calls:
-                parent = state.sites.stack(parent, sys._getframe(1))
+            parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         token = native.enter_under(parent, _KIND_FUNCTION, info.name, phase, "", 0)
         try:
             out = func(*args, **(kwargs or {}))
@@ -593,6 +632,8 @@ class _Tracker:
         self._forward_seen = False
         self._backward_seen = False
         self._handles: list = []
+        #: Storages recorded so far.
+        self.recorded = 0
         try:
             if model is not None:
                 for module in model.modules():
@@ -627,8 +668,8 @@ class _Tracker:
                 if parent is not None:
                     return parent
             return native.scopes_stack()
-        if state.user_lines and not state.ops and not state.calls.calls:
-            return state.sites.stack(native.scopes_stack(), sys._getframe(1))
+        if not state.ops:
+            return state.user_parent(sys._getframe(1), native.scopes_stack())
         return native.scopes_stack()
 
     def _stack(self, base: int, category: str) -> int:
@@ -681,6 +722,7 @@ class _Tracker:
         if base is None:
             base = self._base()
         native.observed(nbytes, ptr, self._stack(base, category), dev)
+        self.recorded += 1
         seen_map = self._seen
 
         def gone(_ref: Any, key: int = key) -> None:
@@ -699,21 +741,27 @@ class _Tracker:
 
     def category(self, view: bool) -> str:
         """What a storage an operator makes now is, from where in the step it happens."""
-        if self._in_optimizer:
-            # What the step keeps is relabelled when it ends; the rest was temporary.
-            return "temporary"
+        local = self._local
         if torch._C._current_graph_task_id() != -1:
             self._backward_seen = True
             self._state.backward_ran = True
-            return "activation" if self._local.recompute else "temporary"
+            return "activation" if local.recompute else "temporary"
+        if self._in_optimizer:
+            # A closure (Lightning runs training_step inside optimizer.step): its forward and
+            # loss are activations, its backward above; what comes after is the update.
+            if local.forward or (self._forward_seen and not self._backward_seen):
+                self._forward_seen = True
+                return "activation"
+            # What the step keeps is relabelled when it ends; the rest was temporary.
+            return "temporary"
         if self._backward_seen:
             # The first storage after a backward: a new step (or micro-batch) begins.
             self._backward_seen = False
-            self._forward_seen = self._local.forward > 0
+            self._forward_seen = local.forward > 0
         if view:
             # A view's storage not seen before existed before tracking began: data.
             return "input"
-        if self._forward_seen or self._local.forward:
+        if self._forward_seen or local.forward:
             self._forward_seen = True
             return "activation"
         return "input"
@@ -762,6 +810,9 @@ class _Tracker:
 
     def optimizer_begins(self, opt: Any) -> None:
         self._in_optimizer += 1
+        if self._in_optimizer == 1:
+            self._forward_seen = False
+            self._backward_seen = False
         for group in opt.param_groups:
             for p in group["params"]:
                 self._track(p, "parameter", True, None)
@@ -785,6 +836,11 @@ class _Tracker:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def _tracking(rec: Recording) -> bool:
+    """Whether a :func:`track` is active for ``rec``."""
+    return rec._torch is not None and rec._torch.tracker is not None
 
 
 @contextlib.contextmanager

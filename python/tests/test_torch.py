@@ -52,8 +52,11 @@ def test_hook_turns_modules_into_links_and_ops_into_functions(trace):
         with pst.hook(model), pst.track(model, opt, scopes=False):
             train(model, opt, x, y, steps=3)
     links = {r["name"]: r for r in report_json("timers", trace)["links"]}
-    assert links["Linear"]["occurrence"] == 2 * 3
-    assert links["ReLU"]["occurrence"] == 3
+    # A module is named in its parent (siblings of one class stay apart), the model by class.
+    assert links["0: Linear"]["occurrence"] == 3
+    assert links["2: Linear"]["occurrence"] == 3
+    assert links["1: ReLU"]["occurrence"] == 3
+    assert links["body: Sequential"]["occurrence"] == 3
     assert links["MLP"]["occurrence"] == 3
     functions = {r["name"]: r for r in report_json("functions", trace)["functions"]}
     assert functions["aten::addmm"]["occurrence"] >= 2 * 3
@@ -346,14 +349,14 @@ def test_a_module_call_that_raises_is_not_a_call(trace):
                     pass
     assert done == 4
     links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
-    # Linear: 6 calls inside Flaky (all completed) + 4 heads; Flaky and WithFlaky: 4 each.
-    assert links == {"Linear": 10, "Flaky": 4, "WithFlaky": 4}
+    # lin: 6 calls inside Flaky (all completed); head, Flaky and WithFlaky: 4 each.
+    assert links == {"lin: Linear": 6, "head: Linear": 4, "flaky: Flaky": 4, "WithFlaky": 4}
     depths = _line_depths(report_json("lines", trace)["root"])
     # Under the line of this test that called the model, always at the same depth.
     me = "test_a_module_call_that_raises_is_not_a_call"
     assert {d for d, name in depths if name == me} == {1}, depths
     assert {d for d, name in depths if name == "WithFlaky"} == {2}, depths
-    assert {d for d, name in depths if name == "Flaky"} == {3}, depths
+    assert {d for d, name in depths if name == "flaky: Flaky"} == {3}, depths
 
 
 def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
@@ -373,4 +376,4 @@ def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
             train(model, opt, x, y, steps=1)
         assert rec._torch.modules == {}, "every module hook is removed again"
     links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
-    assert links == {"Linear": 6, "ReLU": 3, "Sequential": 3, "MLP": 3}
+    assert links == {"0: Linear": 3, "2: Linear": 3, "1: ReLU": 3, "body: Sequential": 3, "MLP": 3}
