@@ -240,6 +240,8 @@ class _Sites:
 
 # The number autograd gives the next node this thread makes.
 _next_node = torch._C._autograd._get_sequence_nr
+# -1 outside backward.
+_graph_task = torch._C._current_graph_task_id
 
 
 def _module_name(module: torch.nn.Module, path: str) -> str:
@@ -520,6 +522,7 @@ class _Mode(TorchDispatchMode):
         self._native = state.native
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # The hot path of recording: every operator comes here. Keep it lean.
         info = _OPS.get(func)
         if info is None:
             info = _OPS[func] = _OpInfo(func)
@@ -528,10 +531,10 @@ class _Mode(TorchDispatchMode):
         if not (state.ops and info.scoped):
             out = func(*args, **(kwargs or {}))
             if tracker is not None:
-                tracker.track_outputs(out, info, None)
+                tracker.outputs(out, info.view, None, None)
             return out
         native = self._native
-        if torch._C._current_graph_task_id() != -1:
+        if _graph_task() != -1:
             phase = _PHASE_BACKWARD
             # Activation checkpointing's recomputation: under the modules running again.
             parent = None if state.local.recompute else state.backward_parent()
@@ -540,13 +543,16 @@ class _Mode(TorchDispatchMode):
                 parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         else:
             phase = _PHASE_FORWARD
-            parent = state.user_parent(sys._getframe(1), native.scopes_stack())
+            if state.calls.calls and not state.steps:
+                parent = native.scopes_stack()  # inside a module call: under it
+            else:
+                parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         token = native.enter_under(parent, _KIND_FUNCTION, info.name, phase, "", 0)
         try:
             out = func(*args, **(kwargs or {}))
             # With track() on too, the outputs are recorded while the op's scope is open.
             if tracker is not None:
-                tracker.track_outputs(out, info, parent)
+                tracker.outputs(out, info.view, token.stack, parent)
         except BaseException:
             # An op that raised is not a call of it (no row, no time).
             native.abort(token)
@@ -625,7 +631,6 @@ class _Tracker:
         # id(module) -> a weakref to it: the modules whose parameters are known.
         self._modules_seen: dict[int, Any] = {}
         self._devices: dict[Any, int] = {}
-        self._category_stacks: dict[tuple[int, str], int] = {}
         self._in_optimizer = 0
         # The step so far: a module forward ran (activations from then on), a backward ran
         # (the next storage outside backward begins a new step).
@@ -646,11 +651,12 @@ class _Tracker:
 
     # Devices are numbered in the trace as they are first seen.
     def _device(self, t: torch.Tensor) -> int:
-        device = t.device
-        dev = self._devices.get(device)
+        index = t.get_device()  # -1 for CPU memory
+        dev = self._devices.get(index)
         if dev is None:
+            device = t.device
             dev = len(self._devices)
-            self._devices[device] = dev
+            self._devices[index] = dev
             kind = _native.DEVICE_CPU if device.type == "cpu" else _native.DEVICE_GPU
             self._native.define_device(dev, str(device), 0, 1, kind, True)
         return dev
@@ -671,14 +677,6 @@ class _Tracker:
         if not state.ops:
             return state.user_parent(sys._getframe(1), native.scopes_stack())
         return native.scopes_stack()
-
-    def _stack(self, base: int, category: str) -> int:
-        key = (base, category)
-        stack = self._category_stacks.get(key)
-        if stack is None:
-            stack = self._native.category_stack(base, category)
-            self._category_stacks[key] = stack
-        return stack
 
     def track_tensor(self, t: torch.Tensor, category: str, relabel: bool = False) -> None:
         """Records ``t``'s storage once, under ``category``. With ``relabel``, a storage seen
@@ -706,22 +704,28 @@ class _Tracker:
             return
         key = st._cdata
         seen = self._seen.get(key)
-        if seen is not None and (not relabel or seen[0] == category):
+        if seen is None:
+            self._new(t, st, key, category, self._base() if base is None else base, outer)
             return
+        if not relabel or seen[0] == category:
+            return
+        # Moved from its old category to this one at the same instant, same stack.
+        nbytes, ptr, dev, base = seen[1], seen[2], seen[3], seen[4]
         native = self._native
-        if seen is not None:
-            # Moved from its old category to this one at the same instant, same stack.
-            nbytes, ptr, dev, base = seen[1], seen[2], seen[3], seen[4]
-            native.freed(nbytes, ptr, dev)
-            native.observed(nbytes, ptr, self._stack(base, category), dev)
-            seen[0] = category
-            return
+        native.freed(nbytes, ptr, dev)
+        native.observed_under(nbytes, ptr, base, category, dev)
+        seen[0] = category
+
+    def _new(
+        self, t: torch.Tensor, st: Any, key: int, category: str, base: int, outer: int | None
+    ) -> None:
+        """Records a storage not seen before (``st`` of ``t``, whose ``_cdata`` is ``key``)
+        under ``base`` and its category; ``outer`` is where a relabelling puts it."""
         nbytes = st.nbytes()
         ptr = st.data_ptr()
         dev = self._device(t)
-        if base is None:
-            base = self._base()
-        native.observed(nbytes, ptr, self._stack(base, category), dev)
+        native = self._native
+        native.observed_under(nbytes, ptr, base, category, dev)
         self.recorded += 1
         seen_map = self._seen
 
@@ -742,7 +746,7 @@ class _Tracker:
     def category(self, view: bool) -> str:
         """What a storage an operator makes now is, from where in the step it happens."""
         local = self._local
-        if torch._C._current_graph_task_id() != -1:
+        if _graph_task() != -1:
             self._backward_seen = True
             self._state.backward_ran = True
             return "activation" if local.recompute else "temporary"
@@ -766,24 +770,30 @@ class _Tracker:
             return "activation"
         return "input"
 
-    def track_outputs(self, out: Any, info: _OpInfo, outer: int | None) -> None:
-        """Records the storages of an operator's outputs not seen before. ``outer`` is the
-        stack the operator's scope opened under (None: no operator scope), where a storage
-        relabelled later goes: a relabelling is not the operator's allocation."""
-        tensors = _tensors(out)
-        if not tensors:
-            return
+    def outputs(self, out: Any, view: bool, base: int | None, outer: int | None) -> None:
+        """Records the storages of an operator's outputs not seen before, under ``base`` (None:
+        where the program is). ``outer`` is the stack the operator's scope opened under (None:
+        no operator scope), where a storage relabelled later goes: a relabelling is not the
+        operator's allocation."""
+        if isinstance(out, torch.Tensor):
+            tensors: Any = (out,)
+        else:
+            tensors = _tensors(out)
         seen = self._seen
         category = None
         for t in tensors:
             try:
-                if t.untyped_storage()._cdata in seen:
-                    continue
+                st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
+            key = st._cdata
+            if key in seen or t.is_meta:
+                continue
             if category is None:
-                category = self.category(info.view)
-            self._track(t, category, False, None, outer)
+                category = self.category(view)
+                if base is None:
+                    base = self._base()
+            self._new(t, st, key, category, base, outer)
 
     # -- what the hooks tell ----------------------------------------------------------------------
 

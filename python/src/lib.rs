@@ -209,6 +209,15 @@ impl Recorder {
             .mem_event(MemKind::AllocPost, device, 0, ptr, size, stack, 0);
     }
 
+    /// ``observed`` under the stack ``base`` plus the label ``category`` (``category_stack``):
+    /// one call per tensor storage for ``poolsight.torch.track``.
+    #[pyo3(signature = (size, ptr, base, category, device=0))]
+    fn observed_under(&self, size: u64, ptr: u64, base: u32, category: &str, device: u32) -> u32 {
+        let stack = self.session.push_label(base, category);
+        self.observed(size, ptr, stack, device);
+        stack
+    }
+
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
     fn exit(&self, token: &Token) -> PyResult<()> {
         self.session.exit(token.0).map_err(err)

@@ -377,3 +377,34 @@ def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
         assert rec._torch.modules == {}, "every module hook is removed again"
     links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
     assert links == {"0: Linear": 3, "2: Linear": 3, "1: ReLU": 3, "body: Sequential": 3, "MLP": 3}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/python.md"])
+def test_the_documented_pytorch_example_counts_each_module_call_once(page, tmp_path, monkeypatch):
+    """The example on the page, run as written (on the docs' small MLP): every module's
+    occurrences in `poolsight timers` are its real calls, counted here by a hook of our own."""
+    import textwrap
+
+    from test_docs import PYTHON_SETUPS, REPO, blocks
+
+    (example,) = [
+        b
+        for b in blocks(REPO / page)
+        if b.lang == "python" and "poolsight.torch.track(model, optimizer)" in b.text
+    ]
+    assert example.setup == "torch_mlp", example.id
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(textwrap.dedent(PYTHON_SETUPS["torch_mlp"]), scope)
+    calls = {}
+    for name, module in scope["model"].named_modules():
+        key = name.rsplit(".", 1)[-1] + ": " + type(module).__name__ if name else "Sequential"
+        calls[key] = 0
+
+        def count(*_, key=key):
+            calls[key] += 1
+
+        module.register_forward_pre_hook(count)
+    exec(example.text, scope)
+    links = {r["name"]: r["occurrence"] for r in report_json("timers", "train.pstrace")["links"]}
+    assert links == calls and calls["Sequential"] == 3 * 4, (links, calls)

@@ -8,6 +8,7 @@ are read twice: from ``poolsight categories --format json``, and by replaying th
 events from ``poolsight export --format json`` here, independently of the analyzer."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -292,22 +293,32 @@ def test_stacks_read_user_line_module_op_category(trace):
     assert backward and all(";conv: Conv2d (" in s for s in backward), backward
 
 
-lightning = pytest.importorskip("lightning.pytorch", reason="lightning is not installed")
+try:
+    import lightning.pytorch as lightning
+except ImportError:
+    lightning = None
+
+needs_lightning = pytest.mark.skipif(lightning is None, reason="lightning is not installed")
 
 
-class LitNet(lightning.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.net = Net()
-        self.calls = 0
-        self.net.register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
+def lit_net():
+    """A LightningModule around Net, counting Net's calls."""
 
-    def training_step(self, batch, _):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
+    class LitNet(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = Net()
+            self.calls = 0
+            self.net.register_forward_pre_hook(lambda *_: setattr(self, "calls", self.calls + 1))
 
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return LitNet()
 
 
 def fit(trace, callback, own_track=False):
@@ -315,7 +326,7 @@ def fit(trace, callback, own_track=False):
 
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 3, 16, 16), torch.randint(0, 10, (64,)))
-    module = LitNet()
+    module = lit_net()
     trainer = lightning.Trainer(
         max_epochs=1,
         limit_train_batches=2,
@@ -333,6 +344,7 @@ def fit(trace, callback, own_track=False):
     return module
 
 
+@needs_lightning
 def test_lightning_callback_tracks_with_the_trainers_optimizer(trace):
     from poolsight.lightning import PoolsightCallback
 
@@ -351,6 +363,7 @@ def test_lightning_callback_tracks_with_the_trainers_optimizer(trace):
     assert links["net: Net"] == module.calls == 2
 
 
+@needs_lightning
 def test_lightning_callback_composes_with_your_own_track(trace, capsys):
     from poolsight.lightning import PoolsightCallback
 
@@ -360,6 +373,7 @@ def test_lightning_callback_composes_with_your_own_track(trace, capsys):
     assert "not tracking" not in capsys.readouterr().err
 
 
+@needs_lightning
 def test_lightning_callback_says_when_it_recorded_no_allocation(trace, capsys):
     from poolsight.lightning import PoolsightCallback
 
@@ -367,3 +381,40 @@ def test_lightning_callback_says_when_it_recorded_no_allocation(trace, capsys):
     assert "recorded no allocation" in capsys.readouterr().err
     with pytest.raises(TypeError, match="track must be True or False"):
         PoolsightCallback(track="yes")
+
+
+def side_by_side(path="side_by_side.pstrace"):
+    """The README's table: each style's peak and categories, poolsight's next to MemTracker's
+    and the profiler's (``python python/tests/test_torch_categories.py``)."""
+    order = ["input", "activation", "temporary", "gradient", "optimizer_state", "parameter"]
+    print("| style | peak (B) | " + " | ".join(order) + " | MemTracker | torch.profiler |")
+    print("|---" * (len(order) + 4) + "|")
+    for style in STYLES:
+        record(style, path)
+        peak, blocks = replay(path)
+        raw = by_category(blocks)
+        mapped = by_category(blocks, AS_MEMTRACKER, optimizer="optimizer_state")
+        mt, _ = memtracker(style)
+        mt_peak = mt.pop("Total")
+        differs = sorted(k for k in set(mt) | set(mapped) if mt.get(k, 0) != mapped.get(k, 0))
+        mt_says = (
+            "same"
+            if not differs
+            else "differs: " + ", ".join(f"{k} {mt.get(k, 0):,}" for k in differs)
+        )
+        if mt_peak != peak:
+            mt_says += f"; peak {mt_peak:,}"
+        total, prof = profiled(style)
+        prof_says = "same" if total == peak else f"peak {total:,}"
+        if prof.get("ACTIVATION", 0) != raw.get("activation", 0):
+            prof_says += f"; activation {prof.get('ACTIVATION', 0):,}"
+        cells = [f"{raw.get(k, 0):,}" for k in order]
+        print(f"| {style} | {peak:,} | " + " | ".join(cells) + f" | {mt_says} | {prof_says} |")
+    os.remove(path)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    side_by_side()
