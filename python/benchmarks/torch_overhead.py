@@ -9,7 +9,9 @@ alternated, repeat after repeat, and the medians are compared with the plain epo
   ``poolsight.torch.hook(model)``, alone and together, as the README shows them;
 - ``MemTracker``: ``torch.distributed._tools.mem_tracker.MemTracker`` (PyTorch's per-category
   tracker), the step inside it;
-- ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``.
+- ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``;
+- ``empty mode``: a ``TorchDispatchMode`` that only calls each operator: the floor of any
+  per-operator observer written in Python, ``track()`` and ``hook()`` included.
 
     python python/benchmarks/torch_overhead.py [--repeats 7] [--steps 12] [--profile]
 
@@ -29,6 +31,7 @@ import time
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import poolsight
 import poolsight.torch
@@ -119,8 +122,18 @@ def variants(tmp: str):
         ):
             yield
 
+    class Empty(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def empty_mode(model, optimizer):
+        with Empty():
+            yield
+
     return {
         "plain": lambda m, o: contextlib.nullcontext(),
+        "empty mode": empty_mode,
         "track": lambda m, o: recorded(m, o, True, False),
         "hook": lambda m, o: recorded(m, o, False, True),
         "track+hook": lambda m, o: recorded(m, o, True, True),

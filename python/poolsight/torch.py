@@ -291,6 +291,8 @@ class _State:
         self.backward_ran = False
         # id(token) of an open optimizer step -> (token, the user's frame that called it).
         self.steps: dict[int, tuple[Any, Any]] = {}
+        # A module's forward ran inside the open optimizer step (a closure, as Lightning's).
+        self.step_forward = False
 
     @staticmethod
     def of(rec: Recording) -> _State:
@@ -373,6 +375,10 @@ class _State:
         calls = self.calls.calls
         skip = None
         if calls:
+            if not self.step_forward:
+                # Inside a module call, or an optimizer's own step: its operators come from
+                # the line that called the step.
+                return parent
             step = self.steps.get(id(calls[-1][1]))
             if step is None or step[0] is not calls[-1][1]:
                 return parent
@@ -424,6 +430,8 @@ class _State:
                     local.recompute += 1
                 else:
                     local.forward += 1
+                    if state.steps:
+                        state.step_forward = True
                 tracker = state.tracker
                 if tracker is not None:
                     tracker.saw_module(module)
@@ -469,6 +477,7 @@ class _State:
         calls.settle(native, frame)
         if not calls.calls:
             self.steps.clear()
+            self.step_forward = False
         parent = self.user_parent(frame)
         calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
         token = calls.calls[-1][1]
@@ -543,8 +552,9 @@ class _Mode(TorchDispatchMode):
                 parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         else:
             phase = _PHASE_FORWARD
-            if state.calls.calls and not state.steps:
-                parent = native.scopes_stack()  # inside a module call: under it
+            if state.calls.calls and not (state.steps and state.step_forward):
+                # Inside a module call, or an optimizer's own step: under it.
+                parent = native.scopes_stack()
             else:
                 parent = state.user_parent(sys._getframe(1), native.scopes_stack())
         token = native.enter_under(parent, _KIND_FUNCTION, info.name, phase, "", 0)

@@ -46,6 +46,15 @@ class Net(nn.Module):
 
 
 STYLES = ["plain", "dict", "accumulate", "autocast", "checkpoint", "dataset", "closure"]
+DESCRIBED = {
+    "plain": "plain loop",
+    "dict": "Hugging Face-style dict output, loss inside",
+    "accumulate": "gradient accumulation, 2 micro-batches",
+    "autocast": "torch.autocast, bfloat16",
+    "checkpoint": "activation checkpointing",
+    "dataset": "batch made from raw uint8 data",
+    "closure": "optimizer.step(closure), as Lightning",
+}
 
 
 def setup(style, micro=lambda: None):
@@ -383,13 +392,18 @@ def test_lightning_callback_says_when_it_recorded_no_allocation(trace, capsys):
         PoolsightCallback(track="yes")
 
 
-def side_by_side(path="side_by_side.pstrace"):
+def side_by_side():
     """The README's table: each style's peak and categories, poolsight's next to MemTracker's
     and the profiler's (``python python/tests/test_torch_categories.py``)."""
     order = ["input", "activation", "temporary", "gradient", "optimizer_state", "parameter"]
-    print("| style | peak (B) | " + " | ".join(order) + " | MemTracker | torch.profiler |")
+    print("| training style | peak | " + " | ".join(order) + " | MemTracker | torch.profiler |")
     print("|---" * (len(order) + 4) + "|")
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(), "side_by_side.pstrace")
     for style in STYLES:
+        if os.path.exists(path):
+            os.remove(path)
         record(style, path)
         peak, blocks = replay(path)
         raw = by_category(blocks)
@@ -409,7 +423,11 @@ def side_by_side(path="side_by_side.pstrace"):
         if prof.get("ACTIVATION", 0) != raw.get("activation", 0):
             prof_says += f"; activation {prof.get('ACTIVATION', 0):,}"
         cells = [f"{raw.get(k, 0):,}" for k in order]
-        print(f"| {style} | {peak:,} | " + " | ".join(cells) + f" | {mt_says} | {prof_says} |")
+        print(
+            f"| {DESCRIBED[style]} | {peak:,} | "
+            + " | ".join(cells)
+            + f" | {mt_says} | {prof_says} |"
+        )
     os.remove(path)
 
 
