@@ -25,5 +25,6 @@ pub use error::{RecorderError, ScopeError};
 pub use poolsight_schema::kinds::{self, FrameKind, MarkKind, MemKind, Phase, ScopeKind};
 pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
-    CpuSource, DeviceInfo, Frame, Handle, MemRecord, Mode, Recorder, RecorderConfig, Summary,
+    ClockSource, CpuSource, DeviceInfo, Frame, Handle, ImportInfo, MemRecord, Mode, Recorder,
+    RecorderConfig, Summary,
 };

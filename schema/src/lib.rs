@@ -38,8 +38,10 @@ pub const MAGIC: [u8; 8] = *b"PSTRACE\0";
 pub const FORMAT_MAJOR: u16 = 1;
 /// Compatible additions bump this. 1.1 added the header checksum and the size prefix to the
 /// sealed-chunk checksum (see [`HEADER_CRC_MINOR`]); 1.2 added packed traces (see
-/// [`PACKED_MINOR`]); 1.3 added `MarkKind.ScopeAbort`, the mark of a call that raised.
-pub const FORMAT_MINOR: u16 = 3;
+/// [`PACKED_MINOR`]); 1.3 added `MarkKind.ScopeAbort`, the mark of a call that raised; 1.4 added
+/// what imported traces need: `MemKind.FreeRequested`, the marks `DeviceFree`, `Snapshot` and
+/// `Annotation`, and `Header.import`.
+pub const FORMAT_MINOR: u16 = 4;
 /// The first minor version that may be packed (`Header.packed`, `PackedEvents` chunks).
 pub const PACKED_MINOR: u16 = 2;
 /// The first minor version whose files carry a header checksum (the 4 bytes before
