@@ -77,6 +77,8 @@ pub struct Options {
     pub world_size: Option<u32>,
     /// Replace an existing output file.
     pub overwrite: bool,
+    /// Profiler traces: PyTorch's memory category of allocations (`from_profile`).
+    pub categories: Vec<kineto::Category>,
 }
 
 /// Why a file could not be converted.
@@ -142,7 +144,7 @@ pub fn convert_file(
             let p = pickle::Pickle::parse(data, progress.take())?;
             snapshot::convert(&p, opts.frames)?
         }
-        Kind::Profile => kineto::convert(data, opts.frames)?,
+        Kind::Profile => kineto::convert_with(data, opts.frames, &opts.categories)?,
         Kind::Trace => {
             return Err(ImportError::NotSnapshot(
                 "it is a poolsight trace already".into(),

@@ -141,9 +141,11 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
             expect(p, d, Tag::List, "a device trace")?;
             let mut entries = Vec::new();
             for e in p.items(d) {
-                if p.tag(e) != Tag::Dict {
-                    unmapped.add("trace entries that are not dicts");
-                    continue;
+                if p.tag(e) != Tag::Dict || p.get(e, "action").is_none() {
+                    return Err(ImportError::NotSnapshot(format!(
+                        "a device trace holds {}, not a trace entry (a dict with `action`)",
+                        p.kind_name(e)
+                    )));
                 }
                 match entry(p, e) {
                     Some(x) => entries.push(x),
@@ -176,9 +178,11 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
     if let Some(segs) = segments {
         expect(p, segs, Tag::List, "segments")?;
         for s in p.items(segs) {
-            if p.tag(s) != Tag::Dict {
-                unmapped.add("segments that are not dicts");
-                continue;
+            if p.tag(s) != Tag::Dict || p.get(s, "blocks").is_none() {
+                return Err(ImportError::NotSnapshot(format!(
+                    "`segments` holds {}, not a segment (a dict with `blocks`)",
+                    p.kind_name(s)
+                )));
             }
             let device = p
                 .get(s, "device")

@@ -462,3 +462,9 @@ def track(
         del _trackers[key]
         tracker.remove()
         modules.release(taken)
+
+
+# PyTorch's own memory files (snapshots, profiler traces) as traces: see _torch_files.
+from ._torch_files import from_profile, import_file, record_history  # noqa: E402
+
+__all__ += ["from_profile", "import_file", "record_history"]

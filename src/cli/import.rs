@@ -121,6 +121,7 @@ pub fn convert(
         rank,
         world_size: None,
         overwrite,
+        categories: Vec::new(),
     };
     let mut progress = |n: u64| done.store(n, Ordering::Relaxed);
     let result = convert_file(input, output, &opts, Some(&mut progress));
