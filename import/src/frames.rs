@@ -3,9 +3,10 @@
 /// `--frames`: what to keep of each stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FrameFilter {
-    /// What PyTorch's viewer shows (`_memory_viz._frame_filter`): the unwinder's, the
-    /// interpreter's and the dispatcher's own frames are dropped, every other frame kept
-    /// (`??` files included, by name).
+    /// What PyTorch's viewer shows (`_memory_viz._frame_filter`: the unwinder's, the
+    /// interpreter's and the dispatcher's own frames are dropped), less the caching
+    /// allocator's own frames (`CUDACachingAllocator`); every other frame is kept (`??` files
+    /// included, by name).
     #[default]
     Viewer,
     /// The viewer's frames less every C/C++ frame: Python code only.
@@ -69,8 +70,14 @@ impl FrameFilter {
     }
 }
 
+/// The caching allocator's own frames: where every allocation ends, so they tell nothing.
+const ALLOCATOR: &str = "CUDACachingAllocator";
+
 fn viewer_keeps(name: &str, file: &str) -> bool {
-    !OMIT_FUNCTIONS.iter().any(|f| name.contains(f)) && !OMIT_FILES.iter().any(|f| file.contains(f))
+    !OMIT_FUNCTIONS.iter().any(|f| name.contains(f))
+        && !OMIT_FILES.iter().any(|f| file.contains(f))
+        && !name.contains(ALLOCATOR)
+        && !file.contains(ALLOCATOR)
 }
 
 #[cfg(test)]
@@ -83,6 +90,7 @@ mod tests {
         assert!(!v.keeps("torch::unwind::unwind()", "??"));
         assert!(!v.keeps("_PyEval_EvalFrameDefault", "Python/ceval.c"));
         assert!(v.keeps("at::native::empty_cuda", "??"));
+        assert!(!v.keeps("malloc", "c10/cuda/CUDACachingAllocator.cpp"));
         assert!(v.keeps("forward", "model.py"));
         let py = FrameFilter::Python;
         assert!(!py.keeps("at::native::empty_cuda", "??"));
