@@ -54,7 +54,8 @@ pub fn import(args: ImportArgs, settings: Settings, out: &mut impl Write) -> any
         } else {
             args.output.clone()
         };
-        let c = convert(input, &output, settings, rank, args.force)?;
+        let world = several.then_some(args.inputs.len() as u32);
+        let c = convert(input, &output, settings, rank, world, args.force)?;
         writeln!(
             out,
             "{}: {} {} entries -> {} events, {} ({} bytes){}{}",
@@ -103,6 +104,7 @@ pub fn convert(
     output: &Path,
     settings: Settings,
     rank: Option<u32>,
+    world_size: Option<u32>,
     overwrite: bool,
 ) -> anyhow::Result<Converted> {
     anyhow::ensure!(
@@ -119,7 +121,7 @@ pub fn convert(
     let opts = poolsight_import::Options {
         frames: settings.frames,
         rank,
-        world_size: None,
+        world_size,
         overwrite,
         categories: Vec::new(),
     };

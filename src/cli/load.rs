@@ -60,7 +60,8 @@ pub fn inputs(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
             .prefix("poolsight-import-")
             .tempdir()?;
         let trace = dir.path().join("converted.pstrace");
-        convert(p, &trace, settings, ranks[i], false)?;
+        let world = (foreign.len() > 1).then_some(foreign.len() as u32);
+        convert(p, &trace, settings, ranks[i], world, false)?;
         done.push((dir, trace.clone(), p.clone()));
         out.push(trace);
     }
