@@ -58,7 +58,7 @@ pub fn import(args: ImportArgs, settings: Settings, out: &mut impl Write) -> any
         let c = convert(input, &output, settings, rank, world, args.force)?;
         writeln!(
             out,
-            "{}: {} {} entries -> {} events, {} ({} bytes){}{}",
+            "{}: {} {} entries -> {} events in {}{}{}",
             input.display(),
             match c.kind {
                 Kind::Profile => "torch.profiler trace,",
@@ -67,7 +67,6 @@ pub fn import(args: ImportArgs, settings: Settings, out: &mut impl Write) -> any
             c.entries,
             c.events,
             output.display(),
-            c.output_bytes,
             rank.map(|r| format!(", rank {r}")).unwrap_or_default(),
             if c.overflowed {
                 ", begins mid-run (blocks freed but never allocated in it count as live from the start)"
