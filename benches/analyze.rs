@@ -625,12 +625,7 @@ fn writer_thread(h: Handle, m: &Model, thread: u64, quota: u64) -> u64 {
 /// Writes a trace of about `events` events (whole steps); returns (events, file bytes).
 fn generate(path: &Path, events: u64) -> Res<(u64, u64)> {
     let config = RecorderConfig {
-        devices: vec![DeviceInfo {
-            id: 0,
-            name: "bench:0".into(),
-            capacity: 80 << 30,
-            allocation_unit: ALLOCATION_UNIT,
-        }],
+        devices: vec![DeviceInfo::pool(0, "bench:0", 80 << 30, ALLOCATION_UNIT)],
         command_line: Some(vec!["poolsight-bench-analyze".into(), events.to_string()]),
         calibration: Duration::from_millis(2),
         ..RecorderConfig::default()

@@ -140,6 +140,23 @@ impl Session {
         }
     }
 
+    /// [`Session::enter`] under the stack `parent` rather than the open scopes (see
+    /// [`Handle::enter_under`]).
+    pub fn enter_under(
+        &self,
+        parent: u32,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> ScopeToken {
+        match self.live() {
+            Some(h) => h.enter_under(parent, kind, name, phase, file, line),
+            None => ScopeToken::from_words([0; 5]),
+        }
+    }
+
     /// Closes a scope opened by [`Session::enter`] on this thread. Refuses a token that is not
     /// an open scope of this thread (wrong use), also after `finish`.
     pub fn exit(&self, token: ScopeToken) -> Result<(), SessionError> {
@@ -214,11 +231,11 @@ impl Session {
         self.push(parent, FrameKind::Foreign, file, line, function)
     }
 
-    /// The stack `parent` + a user-scope frame named `name`: how an observer labels what kind
+    /// The stack `parent` + a label frame named `name` (`FrameKind::Label`): how an observer labels what kind
     /// of memory an allocation is (PyTorch's parameter, activation, ...), so reports break
     /// memory down by it.
     pub fn push_label(&self, parent: u32, name: &str) -> u32 {
-        self.push(parent, FrameKind::Scope, "", 0, name)
+        self.push(parent, FrameKind::Label, "", 0, name)
     }
 
     fn push(&self, parent: u32, kind: FrameKind, file: &str, line: u32, name: &str) -> u32 {
@@ -238,13 +255,14 @@ impl Session {
     /// Describes a device an observer records events for: its id in the events, a name,
     /// capacity (0 if unknown) and the rounding unit its allocator uses (1: none).
     pub fn define_device(&self, id: u32, name: &str, capacity: u64, allocation_unit: u64) {
+        self.define_device_info(DeviceInfo::pool(id, name, capacity, allocation_unit.max(1)));
+    }
+
+    /// [`Session::define_device`] with every field: what kind of memory, and whether the events
+    /// observe an allocator from outside (see [`DeviceInfo`]).
+    pub fn define_device_info(&self, info: DeviceInfo) {
         if let Some(h) = self.live() {
-            h.define_device(DeviceInfo {
-                id,
-                name: name.to_owned(),
-                capacity,
-                allocation_unit: allocation_unit.max(1),
-            });
+            h.define_device(info);
         }
     }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use poolsight_recorder::{
-    ClockSource, DeviceInfo, Frame, FrameKind, ImportInfo, MarkKind, MemKind, MemRecord, Phase,
+    ClockSource, DeviceInfo, DeviceKind, Frame, FrameKind, ImportInfo, MarkKind, MemKind, MemRecord, Phase,
     Recorder, RecorderConfig,
 };
 use rustc_hash::FxHashMap;
@@ -117,6 +117,12 @@ pub struct Events {
     pub overflowed: bool,
     pub unmapped: Vec<String>,
     pub devices: Vec<u32>,
+    /// The device that is host memory (a profiler trace's CPU); every other is a CUDA device.
+    pub cpu_device: Option<u32>,
+    /// The events observe PyTorch's allocator from outside, with no segments (a profiler
+    /// trace): each block is acquired when allocated and released when freed, as
+    /// `poolsight.torch.track()` records it.
+    pub observed: bool,
     /// Time of the last entry (ns).
     pub end: u64,
     pub unix_start_ns: u64,
@@ -138,6 +144,8 @@ impl Events {
             overflowed: false,
             unmapped: Vec::new(),
             devices: Vec::new(),
+            cpu_device: None,
+            observed: false,
             end: 0,
             unix_start_ns: 0,
         }
@@ -178,7 +186,7 @@ impl Events {
         }
         let mut out = Vec::new();
         if before {
-            out.push(label(BEFORE_TRACE));
+            out.push(before_trace());
         }
         if frames != u32::MAX && p.tag(frames) == Tag::List {
             let all: Vec<u32> = p.items(frames).collect();
@@ -238,12 +246,18 @@ impl Events {
         let config = RecorderConfig {
             devices: devices
                 .iter()
-                .map(|&id| DeviceInfo {
-                    id,
-                    name: format!("{} device {id}", info.kind),
-                    capacity: 0,
-                    // Sizes are PyTorch's own, already rounded by its allocator.
-                    allocation_unit: 1,
+                .map(|&id| {
+                    let cpu = self.cpu_device == Some(id);
+                    DeviceInfo {
+                        id,
+                        // PyTorch's own names for them.
+                        name: if cpu { "cpu".into() } else { format!("cuda:{id}") },
+                        capacity: 0,
+                        // Sizes are PyTorch's own, already rounded by its allocator.
+                        allocation_unit: 1,
+                        kind: if cpu { DeviceKind::Cpu } else { DeviceKind::Gpu },
+                        observed: self.observed,
+                    }
                 })
                 .collect(),
             // The same for every rank of a job, so that they merge as one run's.
@@ -351,13 +365,27 @@ impl Events {
     }
 }
 
-fn label(name: &str) -> Frame {
+/// A memory category (PyTorch's `parameter`, `activation`, ...) as the innermost frame of an
+/// allocation's stack: a label, as `poolsight.torch.track()` writes it.
+pub fn label(name: &str) -> Frame {
+    Frame {
+        kind: FrameKind::Label,
+        phase: Phase::None,
+        file: String::new(),
+        line: 0,
+        name: name.to_owned(),
+    }
+}
+
+/// The outermost frame of a block live from the start ([`BEFORE_TRACE`]): a scope with no file,
+/// not a label, so that it is no memory category.
+pub fn before_trace() -> Frame {
     Frame {
         kind: FrameKind::Scope,
         phase: Phase::None,
         file: String::new(),
         line: 0,
-        name: name.to_owned(),
+        name: BEFORE_TRACE.to_owned(),
     }
 }
 

@@ -16,7 +16,7 @@ use poolsight_recorder::{Frame, FrameKind, Phase};
 use rustc_hash::FxHashMap;
 use serde::Deserialize;
 
-use crate::events::{step_number, Ev, EvKind, Events, Stack, BEFORE_TRACE};
+use crate::events::{before_trace, label, step_number, Ev, EvKind, Events, Stack};
 use crate::frames::FrameFilter;
 use crate::ImportError;
 
@@ -237,15 +237,18 @@ pub fn convert_with(
                 }
                 let stack = ev.intern(frames);
                 ev.push(t, Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
+                ev.push(t, Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
             } else if bytes < 0 {
                 if live.remove(&(device, addr)).is_none() {
                     overflowed = true;
-                    let mut frames = vec![label(BEFORE_TRACE)];
+                    let mut frames = vec![before_trace()];
                     frames.extend(parent.map(|p| p.1).unwrap_or_default());
                     let stack = ev.intern(frames);
                     ev.push_initial(Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
+                    ev.push_initial(Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
                 }
                 ev.push(t, Ev::mem(EvKind::Free, device, 0, addr, size, Stack::NONE));
+                ev.push(t, Ev::mem(EvKind::Release, device, 0, addr, size, Stack::NONE));
             }
             ev.end = ev.end.max(t);
         }
@@ -256,6 +259,8 @@ pub fn convert_with(
         devices.push(cpu_device);
     }
     ev.devices = devices;
+    ev.cpu_device = Some(cpu_device);
+    ev.observed = true;
     ev.overflowed = overflowed;
     ev.unmapped = unmapped
         .into_iter()
@@ -274,16 +279,6 @@ fn nearest<'c>(
         .iter()
         .min_by(|a, b| (a.0 - ts).abs().total_cmp(&(b.0 - ts).abs()))
         .map(|c| c.1)
-}
-
-fn label(name: &str) -> Frame {
-    Frame {
-        kind: FrameKind::Scope,
-        phase: Phase::None,
-        file: String::new(),
-        line: 0,
-        name: name.to_owned(),
-    }
 }
 
 /// The frame of a complete event: operators are functions, `nn.Module: Name_N` links,

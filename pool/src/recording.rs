@@ -32,10 +32,10 @@ pub fn define_pool_device(handle: &Handle, pool: &MemoryPool) {
         defined.push(key);
     }
     let device = pool.device();
-    handle.define_device(DeviceInfo {
-        id: pool.device_id(),
-        name: device.name(),
-        capacity: device.capacity(),
-        allocation_unit: ALLOCATION_UNIT_SIZE,
-    });
+    handle.define_device(DeviceInfo::pool(
+        pool.device_id(),
+        device.name(),
+        device.capacity(),
+        ALLOCATION_UNIT_SIZE,
+    ));
 }

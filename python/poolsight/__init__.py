@@ -180,8 +180,8 @@ class Recording:
         self._cpu = cpu
         # What framework integrations share per recording (poolsight.torch): the modules'
         # link scopes, and the models hook() holds.
-        self._module_scopes: Any = None
-        self._hooked_models: set[int] = set()
+        # poolsight.torch's state for this recording (modules, dispatch mode, hooks).
+        self._torch: Any = None
         self._open_epoch: int | None = None
         self._started_tracing = False
 

@@ -28,15 +28,33 @@ class OpenCalls(threading.local):
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Any]] = []
 
-    def enter(
-        self, native: Any, frame: Any, kind: int, name: str, phase: int, file: str, line: int
-    ):
-        """Opens a scope for the call made by ``frame``, after closing as aborted the calls
-        that ended without their post hook."""
+    def settle(self, native: Any, frame: Any) -> None:
+        """Closes as aborted the calls that ended without their post hook (a call made by
+        ``frame`` is about to open)."""
         calls = self.calls
         if calls and not _is_caller(calls[-1][0], frame):
             self._abort_dead(native, frame)
-        calls.append((frame, native.enter(kind, name, phase, file, line)))
+
+    def enter(
+        self,
+        native: Any,
+        frame: Any,
+        kind: int,
+        name: str,
+        phase: int,
+        file: str,
+        line: int,
+        parent: int | None = None,
+    ):
+        """Opens a scope for the call made by ``frame`` (under the open scopes, or under the
+        stack ``parent``), after closing as aborted the calls that ended without their post
+        hook."""
+        self.settle(native, frame)
+        if parent is None:
+            token = native.enter(kind, name, phase, file, line)
+        else:
+            token = native.enter_under(parent, kind, name, phase, file, line)
+        self.calls.append((frame, token))
 
     def exit(self, native: Any, frame: Any, raised: bool = False) -> None:
         """Closes the innermost call made by ``frame`` (as aborted when ``raised``); calls still

@@ -15,7 +15,10 @@ Three ways to record a PyTorch program, from the most exact to the least intrusi
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import sysconfig
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -23,13 +26,13 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
 from . import PoolsightError, Recording, _native, _recording, active
 from ._calls import OpenCalls, raised_in
 
 __all__ = [
     "CATEGORIES",
+    "LIBRARY_DIRS",
     "empty_cache",
     "hook",
     "memory_stats",
@@ -38,10 +41,21 @@ __all__ = [
     "use_pool",
 ]
 
-#: The categories :func:`track` gives allocations, as PyTorch's ``MemTracker`` names them.
-CATEGORIES = ("parameter", "buffer", "gradient", "activation", "optimizer_state", "temporary")
+#: The categories :func:`track` gives allocations: PyTorch's ``MemTracker``'s, and ``input``
+#: (what a step makes before its first module forward: the batch, sliced and moved; and data
+#: that existed before tracking began, first seen through a view), which ``MemTracker`` counts
+#: as activations.
+CATEGORIES = (
+    "parameter",
+    "buffer",
+    "gradient",
+    "activation",
+    "optimizer_state",
+    "temporary",
+    "input",
+)
 
-_KIND_FUNCTION, _KIND_LINK = _native.FUNCTION, _native.LINK
+_KIND_FUNCTION, _KIND_LINK, _KIND_SCOPE = _native.FUNCTION, _native.LINK, _native.SCOPE
 _PHASE_FORWARD, _PHASE_BACKWARD = _native.FORWARD, _native.BACKWARD
 
 
@@ -128,70 +142,197 @@ def set_limit(nbytes: int, device: Any = None) -> None:
     _native.torch_allocator_set_limit(_cuda_device_index(device), int(nbytes))
 
 
-# -- scopes: modules as links, operators as functions -----------------------------------------
+# -- where a call comes from: the user's line ---------------------------------------------------
+
+#: Folders whose code is a library's, not yours: an allocation's stack names the innermost line of
+#: code outside them (the line of your code that called the model, the loss, ``backward()`` or
+#: ``optimizer.step()``). The standard library's folders and every ``site-packages`` or
+#: ``dist-packages`` folder are always libraries; add a folder here (before ``track()`` or
+#: ``hook()``) for a library installed elsewhere, e.g. an editable install of a framework.
+LIBRARY_DIRS: list[str] = []
 
 
-class _ModuleScopes:
-    """Link scopes for modules, one per module call, named by its class: one set per recording,
-    shared by :func:`track` and :func:`hook`, so that a module has one pair of hooks however
-    many of them ask for it (an allocation is never attributed to the same module twice).
+def _library_roots() -> tuple[str, ...]:
+    roots = set(LIBRARY_DIRS)
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib"):
+        if paths.get(key):
+            roots.add(paths[key])
+    roots.add(os.path.dirname(os.path.abspath(__file__)))  # poolsight itself
+    return tuple(os.path.join(os.path.abspath(r), "") for r in roots if r)
 
-    A call that raises is not a call: PyTorch runs the ``always_call`` post hook from its
-    ``except`` block, and the scope is closed as aborted (see ``poolsight._calls``)."""
+
+_PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
+def _short_path(file: str, cwd: str) -> str:
+    """``file`` as a person reads it: relative to the working directory when under it, else
+    from the package folder on (``torch/nn/modules/linear.py``), else as it is."""
+    if file.startswith(cwd):
+        return file[len(cwd) :]
+    for marker in _PACKAGE_DIRS:
+        i = file.rfind(marker)
+        if i >= 0:
+            return file[i + len(marker) :]
+    return file
+
+
+class _Sites:
+    """The user's line of a call, as a frame under a stack: the innermost Python frame whose
+    code is not a library's (see :data:`LIBRARY_DIRS`). Each code object is judged once."""
+
+    def __init__(self, native: Any):
+        self._native = native
+        self._roots = _library_roots()
+        self._cwd = os.path.join(os.getcwd(), "")
+        # code -> (short file, function) for the user's code, None for a library's.
+        self._codes: dict[Any, tuple[str, str] | None] = {}
+        self._stacks: dict[tuple[int, Any, int], int] = {}
+
+    def _judge(self, code: Any) -> tuple[str, str] | None:
+        file = code.co_filename
+        library = (
+            file.startswith(self._roots)
+            or any(m in file for m in _PACKAGE_DIRS)
+            or file.startswith("<frozen")
+        )
+        verdict = None if library else (_short_path(file, self._cwd), code.co_name)
+        self._codes[code] = verdict
+        return verdict
+
+    def stack(self, parent: int, frame: Any) -> int:
+        """``parent`` plus the user's line of the call made from ``frame`` (``parent`` alone
+        when every frame is a library's)."""
+        codes = self._codes
+        while frame is not None:
+            code = frame.f_code
+            site = codes.get(code, False)
+            if site is False:
+                site = self._judge(code)
+            if site is not None:
+                key = (parent, code, frame.f_lineno)
+                stack = self._stacks.get(key)
+                if stack is None:
+                    stack = self._native.frame_under(parent, site[0], frame.f_lineno, site[1])
+                    self._stacks[key] = stack
+                return stack
+            frame = frame.f_back
+        return parent
+
+    def link_site(self, module: torch.nn.Module) -> tuple[str, int]:
+        """Where ``module``'s class defines ``forward``: its link frame's file and line."""
+        code = getattr(type(module).forward, "__code__", None)
+        if code is None:
+            return "", 0
+        return _short_path(code.co_filename, self._cwd), code.co_firstlineno
+
+
+# -- one state per recording, shared by track() and hook() ---------------------------------------
+
+# The number autograd gives the next node this thread makes.
+_next_node = torch._C._autograd._get_sequence_nr
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # The first autograd node number of each hooked module call open, innermost last.
+        self.starts: list[int] = []
+        # Module forwards open on this thread (any module, hooked or not), and those run again
+        # inside backward (activation checkpointing's recomputation).
+        self.forward = 0
+        self.recompute = 0
+
+
+class _State:
+    """What :func:`track` and :func:`hook` share for one recording, in either order and
+    nesting: one pair of hooks per module (a module call is one link scope however many of
+    them ask for it), one dispatch mode (operators are scoped and their outputs tracked in one
+    pass), one set of process-wide module and optimizer hooks, and where calls come from."""
 
     def __init__(self, rec: Recording):
-        self._native = rec._native
-        self._calls = OpenCalls()
+        self.rec = rec
+        self.native = rec._native
+        self.calls = OpenCalls()
+        self.sites = _Sites(self.native)
+        self.local = _Local()
         # id(module) -> [users, handles]
-        self._modules: dict[int, list] = {}
+        self.modules: dict[int, list] = {}
+        self.hooked: set[int] = set()
+        self.mode: _Mode | None = None
+        self.mode_users = 0
+        self.ops = 0  # hook(functions=True) open
+        self.user_lines = 0  # users that want the user's line
+        self.tracker: _Tracker | None = None
+        self.globals: list = []
+        self.global_users = 0
+        # Hooked module calls by the autograd nodes they made (see _native.Spans).
+        self.spans = _native.Spans()
+        self.backward_ran = False
 
     @staticmethod
-    def of(rec: Recording) -> _ModuleScopes:
-        if rec._module_scopes is None:
-            rec._module_scopes = _ModuleScopes(rec)
-        return rec._module_scopes
+    def of(rec: Recording) -> _State:
+        if rec._torch is None:
+            rec._torch = _State(rec)
+        return rec._torch
 
-    def acquire(self, model: torch.nn.Module) -> list[int]:
+    # -- module scopes --------------------------------------------------------------------------
+
+    def acquire_modules(self, model: torch.nn.Module) -> list[int]:
         """Hooks every module of ``model`` not hooked yet; returns what to give ``release``."""
         taken = []
         try:
             for module in model.modules():
                 key = id(module)
-                entry = self._modules.get(key)
+                entry = self.modules.get(key)
                 if entry is None:
-                    entry = self._modules[key] = [0, self._install(module)]
+                    entry = self.modules[key] = [0, self._install(module)]
                 entry[0] += 1
                 taken.append(key)
         except BaseException:
-            self.release(taken)
+            self.release_modules(taken)
             raise
         return taken
 
-    def release(self, taken: list[int]) -> None:
+    def release_modules(self, taken: list[int]) -> None:
         for key in taken:
-            entry = self._modules.get(key)
+            entry = self.modules.get(key)
             if entry is None:
                 continue
             entry[0] -= 1
             if entry[0] == 0:
                 for h in entry[1]:
                     h.remove()
-                del self._modules[key]
+                del self.modules[key]
 
     def _install(self, module: torch.nn.Module) -> list:
         name = type(module).__name__
-        code = getattr(type(module).forward, "__code__", None)
-        file = code.co_filename if code else ""
-        line = code.co_firstlineno if code else 0
-        native, calls = self._native, self._calls
+        file, line = self.sites.link_site(module)
+        native, calls, sites, local = self.native, self.calls, self.sites, self.local
+        spans = self.spans
+        state = self
 
         # PyTorch calls both hooks from Module._call_impl: the frame that makes the call.
-        def pre(module: torch.nn.Module, _inputs: Any) -> None:
-            calls.enter(native, sys._getframe(1), _KIND_LINK, name, 0, file, line)
-
-        def post(module: torch.nn.Module, _inputs: Any, _outputs: Any) -> None:
+        def pre(module: torch.nn.Module, inputs: Any) -> None:
             frame = sys._getframe(1)
-            calls.exit(native, frame, raised_in(frame))
+            parent = None
+            calls.settle(native, frame)
+            if not calls.calls and state.user_lines and not _in_backward():
+                parent = sites.stack(native.scopes_stack(), frame)
+            calls.enter(native, frame, _KIND_LINK, name, 0, file, line, parent)
+            if not _in_backward():
+                if len(calls.calls) == 1 and state.backward_ran:
+                    # A new forward pass after a backward: the old spans are done with.
+                    state.backward_ran = False
+                    spans.clear()
+                local.starts.append(_next_node())
+
+        def post(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+            frame = sys._getframe(1)
+            raised = raised_in(frame)
+            if not _in_backward() and local.starts:
+                # The autograd nodes this call made belong to its stack, for their backward.
+                spans.add(local.starts.pop(), _next_node(), native.scopes_stack())
+            calls.exit(native, frame, raised)
 
         handles = [module.register_forward_pre_hook(pre)]
         try:
@@ -201,44 +342,178 @@ class _ModuleScopes:
             raise
         return handles
 
+    def backward_parent(self) -> int | None:
+        """The stack of the module call whose forward made the autograd node running now."""
+        self.backward_ran = True
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return None
+        return self.spans.find(node._sequence_nr())
 
-class _OpScopes(TorchDispatchMode):
-    """Every ATen operator call as a function scope, forward or backward."""
+    # -- the dispatch mode ------------------------------------------------------------------------
 
-    def __init__(self, rec: Recording):
+    @contextlib.contextmanager
+    def mode_if(self, needed: bool) -> Iterator[None]:
+        """The recording's dispatch mode, entered by its first user and left by its last."""
+        if not needed:
+            yield
+            return
+        if self.mode is None:
+            mode = _Mode(self)
+            mode.__enter__()
+            self.mode = mode
+        self.mode_users += 1
+        try:
+            yield
+        finally:
+            self.mode_users -= 1
+            if self.mode_users == 0 and self.mode is not None:
+                mode, self.mode = self.mode, None
+                mode.__exit__(None, None, None)
+
+    # -- process-wide hooks: every module's forward, every optimizer's step ----------------------
+
+    def enter_globals(self) -> None:
+        if self.global_users == 0:
+            from torch.nn.modules import module as nn_module
+            from torch.optim import optimizer as optim
+
+            local, state = self.local, self
+
+            def forward_pre(module: Any, inputs: Any) -> None:
+                if _in_backward():
+                    local.recompute += 1
+                else:
+                    local.forward += 1
+                tracker = state.tracker
+                if tracker is not None:
+                    tracker.saw_module(module)
+
+            def forward_post(module: Any, inputs: Any, outputs: Any) -> None:
+                if _in_backward():
+                    local.recompute = max(0, local.recompute - 1)
+                else:
+                    local.forward = max(0, local.forward - 1)
+
+            def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
+                state.optimizer_begins(opt, sys._getframe(1))
+
+            def step_post(opt: Any, args: Any, kwargs: Any) -> None:
+                state.optimizer_ends(opt, sys._getframe(1))
+
+            handles = []
+            try:
+                handles.append(nn_module.register_module_forward_pre_hook(forward_pre))
+                handles.append(
+                    nn_module.register_module_forward_hook(forward_post, always_call=True)
+                )
+                handles.append(optim.register_optimizer_step_pre_hook(step_pre))
+                handles.append(optim.register_optimizer_step_post_hook(step_post))
+            except BaseException:
+                for h in handles:
+                    h.remove()
+                raise
+            self.globals = handles
+        self.global_users += 1
+
+    def exit_globals(self) -> None:
+        self.global_users -= 1
+        if self.global_users == 0:
+            for h in self.globals:
+                h.remove()
+            self.globals = []
+
+    def optimizer_begins(self, opt: Any, frame: Any) -> None:
+        # The step is a scope of its own, under the user's line that called it, so that its
+        # operators and state read as the optimizer's.
+        native, calls = self.native, self.calls
+        parent = None
+        calls.settle(native, frame)
+        if not calls.calls and self.user_lines:
+            parent = self.sites.stack(native.scopes_stack(), frame)
+        calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
+        tracker = self.tracker
+        if tracker is not None:
+            tracker.optimizer_begins(opt)
+
+    def optimizer_ends(self, opt: Any, frame: Any) -> None:
+        tracker = self.tracker
+        if tracker is not None:
+            tracker.optimizer_ends(opt)
+        self.calls.exit(self.native, frame)
+
+
+def _tensors(out: Any) -> list:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return list(out)
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class _OpInfo:
+    __slots__ = ("name", "view", "scoped")
+
+    def __init__(self, func: Any):
+        schema = getattr(func, "_schema", None)
+        # "aten::addmm": the operator as the profiler and error messages name it.
+        self.name = schema.name if schema is not None else str(func)
+        # An operator whose outputs alias its inputs (a view) makes no storage: an output's
+        # storage not seen before existed before tracking began (a dataset tensor, sliced).
+        self.view = schema is not None and any(r.alias_info is not None for r in schema.returns)
+        # The profiler's own operators (record_function's enter/exit) are not the program's.
+        self.scoped = not self.name.startswith("profiler::")
+
+
+_OPS: dict[Any, _OpInfo] = {}
+
+
+class _Mode(TorchDispatchMode):
+    """A recording's one dispatch mode: every ATen operator as a function scope, forward or
+    backward (with :func:`hook`), and the storages of its outputs (with :func:`track`)."""
+
+    def __init__(self, state: _State):
         super().__init__()
-        self._native = rec._native
+        self._state = state
+        self._native = state.native
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        phase = _PHASE_BACKWARD if _in_backward() else _PHASE_FORWARD
+        info = _OPS.get(func)
+        if info is None:
+            info = _OPS[func] = _OpInfo(func)
+        state = self._state
+        tracker = state.tracker
+        if not (state.ops and info.scoped):
+            out = func(*args, **(kwargs or {}))
+            if tracker is not None:
+                tracker.track_outputs(out, info, None)
+            return out
         native = self._native
-        token = native.enter(_KIND_FUNCTION, _op_name(func), phase, "", 0)
+        if torch._C._current_graph_task_id() != -1:
+            phase = _PHASE_BACKWARD
+            parent = state.backward_parent()
+            if parent is None:
+                # A node no module made (the loss's): under the line that called backward().
+                parent = native.scopes_stack()
+                if state.user_lines and not state.calls.calls:
+                    parent = state.sites.stack(parent, sys._getframe(1))
+        else:
+            phase = _PHASE_FORWARD
+            parent = native.scopes_stack()
+            if state.user_lines and not state.calls.calls:
+                parent = state.sites.stack(parent, sys._getframe(1))
+        token = native.enter_under(parent, _KIND_FUNCTION, info.name, phase, "", 0)
         try:
             out = func(*args, **(kwargs or {}))
-            # With track() on too, the outputs are recorded while the op's scope is open,
-            # whichever of the two modes was entered first.
-            tracker = _trackers.get(id(native))
+            # With track() on too, the outputs are recorded while the op's scope is open.
             if tracker is not None:
-                tracker.track_outputs(out)
+                tracker.track_outputs(out, info, parent)
         except BaseException:
             # An op that raised is not a call of it (no row, no time).
             native.abort(token)
             raise
         native.exit(token)
         return out
-
-
-def _dispatch_modes() -> list:
-    """The dispatch modes active on this thread, outermost first."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    return list(_get_current_dispatch_mode_stack())
-
-
-def _op_name(func: Any) -> str:
-    # "aten::addmm": the operator as the profiler and error messages name it.
-    schema = getattr(func, "_schema", None)
-    return schema.name if schema is not None else str(func)
 
 
 @contextlib.contextmanager
@@ -248,81 +523,115 @@ def hook(
     *,
     links: bool = True,
     functions: bool = True,
+    user_line: bool = True,
 ) -> Iterator[None]:
     """``with poolsight.torch.hook(model):`` records every module call of ``model`` as a link
     scope named by its class (``poolsight timers --links``), and every operator as a function
     scope named as PyTorch names it (``aten::addmm``), forward or backward
-    (``poolsight functions``). Scopes nest: an allocation counts for every open scope."""
+    (``poolsight functions``). Scopes nest: an allocation counts for every open scope. A
+    backward operator nests under the module whose forward made it. ``user_line`` puts the line
+    of your code that made the call (see :data:`LIBRARY_DIRS`) above the modules and operators.
+    """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"hook() needs a torch.nn.Module, not {type(model).__name__}")
     rec = _recording(recorder)
-    hooked = rec._hooked_models
-    if id(model) in hooked:
+    state = _State.of(rec)
+    if id(model) in state.hooked:
         raise PoolsightError(
             f"this {type(model).__name__} is already hooked for {rec.path}: "
             "hook() it once (its scopes would count every call twice)"
         )
-    scopes = _ModuleScopes.of(rec)
-    taken = scopes.acquire(model) if links else []
-    hooked.add(id(model))
-    # One dispatch mode for the operators per recording, however many models are hooked.
-    ops = functions and not any(
-        isinstance(m, _OpScopes) and m._native is rec._native for m in _dispatch_modes()
-    )
+    taken = state.acquire_modules(model) if links else []
+    state.hooked.add(id(model))
+    state.ops += bool(functions)
+    state.user_lines += bool(user_line)
     try:
-        with contextlib.ExitStack() as stack:
-            if ops:
-                stack.enter_context(_OpScopes(rec))
-            yield
+        state.enter_globals()
+        try:
+            # Operator scopes need the dispatch mode; module scopes alone do not.
+            with state.mode_if(functions):
+                yield
+        finally:
+            state.exit_globals()
     finally:
-        hooked.discard(id(model))
-        scopes.release(taken)
+        state.ops -= bool(functions)
+        state.user_lines -= bool(user_line)
+        state.hooked.discard(id(model))
+        state.release_modules(taken)
 
 
 # -- the observer -------------------------------------------------------------------------------
 
-# Memory event kinds, as the trace format numbers them.
-_MALLOC_POST, _ALLOC_POST = _native.MALLOC_POST, _native.ALLOC_POST
 
-# The tracker active for each recording (by its native recorder's id).
-_trackers: dict = {}
-
-
-class _Tracker(TorchDispatchMode):
+class _Tracker:
     """Records tensor storages as allocations, each freed through a weakref finalizer, with a
-    category: the approach of PyTorch's ``MemTracker``, written into a trace."""
+    category: the approach of PyTorch's ``MemTracker``, written into a trace.
 
-    def __init__(self, rec: Recording, model: torch.nn.Module | None, optimizers: list):
-        super().__init__()
-        self._rec = rec
-        self._native = rec._native
-        self._seen = WeakIdKeyDictionary()
-        self._devices: dict[str, int] = {}
+    The category of a storage made by an operator comes from where the step is (see
+    :data:`CATEGORIES`): inside an optimizer's step, temporary (what the optimizer keeps in its
+    state becomes optimizer state when the step ends); in backward, temporary
+    (activation when a module's forward runs again there, activation checkpointing's
+    recomputation); after the step's first module forward, activation (the loss included);
+    before it, input. Parameters, buffers, gradients and optimizer state are relabelled when
+    seen as such (a gradient is first a backward operator's output)."""
+
+    def __init__(self, state: _State, model: torch.nn.Module | None, optimizers: list):
+        self._state = state
+        self._native = state.native
+        self._rec = state.rec
+        self._local = state.local
+        # Storage (its C++ address, unique while it lives) -> [category, bytes, address,
+        # device, stack to relabel under, the weakref that reports its free].
+        self._seen: dict[int, list] = {}
+        # id(module) -> a weakref to it: the modules whose parameters are known.
+        self._modules_seen: dict[int, Any] = {}
+        self._devices: dict[Any, int] = {}
         self._category_stacks: dict[tuple[int, str], int] = {}
-        self._in_optimizer = False
-        self._forward_depth = 0
+        self._in_optimizer = 0
+        # The step so far: a module forward ran (activations from then on), a backward ran
+        # (the next storage outside backward begins a new step).
+        self._forward_seen = False
+        self._backward_seen = False
         self._handles: list = []
         try:
             if model is not None:
-                self._watch_model(model)
+                for module in model.modules():
+                    self.saw_module(module)
             for opt in optimizers:
-                self._watch_optimizer(opt)
+                self._optimizer_tensors(opt)
         except BaseException:
             self.remove()
             raise
 
     # Devices are numbered in the trace as they are first seen.
     def _device(self, t: torch.Tensor) -> int:
-        key = str(t.device)
-        dev = self._devices.get(key)
+        device = t.device
+        dev = self._devices.get(device)
         if dev is None:
             dev = len(self._devices)
-            self._devices[key] = dev
-            self._native.define_device(dev, key, 0, 1)
+            self._devices[device] = dev
+            kind = _native.DEVICE_CPU if device.type == "cpu" else _native.DEVICE_GPU
+            self._native.define_device(dev, str(device), 0, 1, kind, True)
         return dev
 
-    def _stack(self, category: str) -> int:
-        base = self._rec.stack(skip=2)
+    def _base(self) -> int:
+        """The stack an allocation made now hangs under (before its category)."""
+        state, native = self._state, self._native
+        if self._rec.stacks == "python":
+            return self._rec.stack(skip=3)
+        if torch._C._current_graph_task_id() != -1:
+            # Backward, without operator scopes (hook(functions=False)): under the module
+            # whose forward made the node.
+            if not state.ops:
+                parent = state.backward_parent()
+                if parent is not None:
+                    return parent
+            return native.scopes_stack()
+        if state.user_lines and not state.ops and not state.calls.calls:
+            return state.sites.stack(native.scopes_stack(), sys._getframe(1))
+        return native.scopes_stack()
+
+    def _stack(self, base: int, category: str) -> int:
         key = (base, category)
         stack = self._category_stacks.get(key)
         if stack is None:
@@ -335,83 +644,147 @@ class _Tracker(TorchDispatchMode):
         before under another category moves to this one (PyTorch's ``MemTracker`` does the
         same for gradients, which are first seen as the output of a backward op): in the trace
         the block is freed from its old category and allocated under the new one at the same
-        instant, so live bytes never double."""
-        if not isinstance(t, torch.Tensor) or t.is_meta:
+        instant, with the same stack, so live bytes never double."""
+        if category not in CATEGORIES:
+            raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, not {category!r}")
+        self._track(t, category, relabel, None)
+
+    def _track(
+        self,
+        t: torch.Tensor,
+        category: str,
+        relabel: bool,
+        base: int | None,
+        outer: int | None = None,
+    ) -> None:
+        if t.is_meta:
             return
         try:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):
             return
-        seen = self._seen.get(st)
+        key = st._cdata
+        seen = self._seen.get(key)
         if seen is not None and (not relabel or seen[0] == category):
+            return
+        native = self._native
+        if seen is not None:
+            # Moved from its old category to this one at the same instant, same stack.
+            nbytes, ptr, dev, base = seen[1], seen[2], seen[3], seen[4]
+            native.freed(nbytes, ptr, dev)
+            native.observed(nbytes, ptr, self._stack(base, category), dev)
+            seen[0] = category
             return
         nbytes = st.nbytes()
         ptr = st.data_ptr()
         dev = self._device(t)
-        if seen is not None:
-            seen[1].detach()
-            self._native.freed(seen[2], ptr, dev)
-        stack = self._stack(category)
-        self._native.mem(_MALLOC_POST, nbytes, ptr, stack, dev)
-        self._native.mem(_ALLOC_POST, nbytes, ptr, stack, dev)
-        finalizer = weakref.finalize(st, self._native.freed, nbytes, ptr, dev)
-        self._seen[st] = (category, finalizer, nbytes)
+        if base is None:
+            base = self._base()
+        native.observed(nbytes, ptr, self._stack(base, category), dev)
+        seen_map = self._seen
 
-    def category(self) -> str:
-        """What an allocation made now is, from where in the step it happens."""
+        def gone(_ref: Any, key: int = key) -> None:
+            entry = seen_map.pop(key, None)
+            if entry is not None:
+                native.freed(entry[1], entry[2], entry[3])
+
+        seen_map[key] = [
+            category,
+            nbytes,
+            ptr,
+            dev,
+            base if outer is None else outer,
+            weakref.ref(st, gone),
+        ]
+
+    def category(self, view: bool) -> str:
+        """What a storage an operator makes now is, from where in the step it happens."""
         if self._in_optimizer:
-            return "optimizer_state"
-        if self._forward_depth > 0 and not _in_backward():
+            # What the step keeps is relabelled when it ends; the rest was temporary.
+            return "temporary"
+        if torch._C._current_graph_task_id() != -1:
+            self._backward_seen = True
+            self._state.backward_ran = True
+            return "activation" if self._local.recompute else "temporary"
+        if self._backward_seen:
+            # The first storage after a backward: a new step (or micro-batch) begins.
+            self._backward_seen = False
+            self._forward_seen = self._local.forward > 0
+        if view:
+            # A view's storage not seen before existed before tracking began: data.
+            return "input"
+        if self._forward_seen or self._local.forward:
+            self._forward_seen = True
             return "activation"
-        return "temporary"
+        return "input"
 
-    def track_outputs(self, out: Any) -> None:
-        category = self.category()
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.track_tensor(t, category)
+    def track_outputs(self, out: Any, info: _OpInfo, outer: int | None) -> None:
+        """Records the storages of an operator's outputs not seen before. ``outer`` is the
+        stack the operator's scope opened under (None: no operator scope), where a storage
+        relabelled later goes: a relabelling is not the operator's allocation."""
+        tensors = _tensors(out)
+        if not tensors:
+            return
+        seen = self._seen
+        category = None
+        for t in tensors:
+            try:
+                if t.untyped_storage()._cdata in seen:
+                    continue
+            except (RuntimeError, NotImplementedError):
+                continue
+            if category is None:
+                category = self.category(info.view)
+            self._track(t, category, False, None, outer)
 
-    def _watch_model(self, model: torch.nn.Module) -> None:
-        for p in model.parameters():
-            self.track_tensor(p, "parameter")
-            self._handles.append(
-                p.register_post_accumulate_grad_hook(
-                    lambda p: self.track_tensor(p.grad, "gradient", relabel=True)
-                )
-            )
-        for b in model.buffers():
-            self.track_tensor(b, "buffer")
-        self._handles.append(model.register_forward_pre_hook(self._enter_forward))
-        self._handles.append(model.register_forward_hook(self._exit_forward, always_call=True))
+    # -- what the hooks tell ----------------------------------------------------------------------
 
-    def _enter_forward(self, *_: Any) -> None:
-        self._forward_depth += 1
+    def saw_module(self, module: torch.nn.Module) -> None:
+        """A module's forward begins: its own parameters and buffers are known from now on."""
+        key = id(module)
+        if key in self._modules_seen:
+            return
+        seen = self._modules_seen
+        seen[key] = weakref.ref(module, lambda _r, key=key: seen.pop(key, None))
+        for p in module.parameters(recurse=False):
+            self._track(p, "parameter", True, None)
+            if p.grad is not None:
+                self._track(p.grad, "gradient", True, None)
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._gradient))
+        for b in module.buffers(recurse=False):
+            self._track(b, "buffer", True, None)
+        # A module (and its parameters) first seen here: not a forward of this step's data.
 
-    def _exit_forward(self, *_: Any) -> None:
-        self._forward_depth = max(0, self._forward_depth - 1)
+    def _gradient(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self._track(p.grad, "gradient", True, None)
 
-    def _watch_optimizer(self, opt: torch.optim.Optimizer) -> None:
-        def pre(*_: Any) -> None:
-            self._in_optimizer = True
+    def optimizer_begins(self, opt: Any) -> None:
+        self._in_optimizer += 1
+        for group in opt.param_groups:
+            for p in group["params"]:
+                self._track(p, "parameter", True, None)
+                if p.grad is not None:
+                    self._track(p.grad, "gradient", True, None)
 
-        def post(*_: Any) -> None:
-            self._in_optimizer = False
-            for state in opt.state.values():
-                for v in state.values():
-                    self.track_tensor(v, "optimizer_state", relabel=True)
+    def optimizer_ends(self, opt: Any) -> None:
+        self._in_optimizer = max(0, self._in_optimizer - 1)
+        self._optimizer_tensors(opt)
+        # The step is over: what comes next belongs to the next one.
+        self._forward_seen = False
+        self._backward_seen = False
 
-        self._handles.append(opt.register_step_pre_hook(pre))
-        self._handles.append(opt.register_step_post_hook(post))
+    def _optimizer_tensors(self, opt: Any) -> None:
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    self._track(v, "optimizer_state", True, None)
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.track_outputs(out)
-        return out
 
 
 @contextlib.contextmanager
@@ -421,13 +794,17 @@ def track(
     recorder: Recording | None = None,
     *,
     scopes: bool = True,
+    user_line: bool = True,
 ) -> Iterator[_Tracker]:
     """``with poolsight.torch.track(model, optimizer):`` records every tensor storage created
-    meanwhile (and ``model``'s parameters, buffers and gradients, and ``optimizer``'s state) as
-    an allocation with a category, on any device, keeping PyTorch's own allocator. With
-    ``scopes`` (the default) the model's modules are link scopes too, so reports break memory
-    down by module and category. Yields the tracker (``tracker.track_tensor(t, category)``
-    records tensors made outside, e.g. a batch loaded before)."""
+    meanwhile as an allocation with a category (see :data:`CATEGORIES`), on any device, keeping
+    PyTorch's own allocator. Parameters, buffers and gradients of every module that runs, and
+    the state of every optimizer that steps, are recognised as such (``model`` and
+    ``optimizer`` need not be given; given, their tensors are recorded from the start). With
+    ``scopes`` (the default) ``model``'s modules are link scopes too, so reports break memory
+    down by module and category; ``user_line`` puts the line of your code that made the call
+    above them. Yields the tracker (``tracker.track_tensor(t, category)`` records tensors made
+    outside, e.g. a dataset loaded before)."""
     rec = _recording(recorder)
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
@@ -442,26 +819,31 @@ def track(
                 "optimizer must be a torch.optim.Optimizer, a list of them, or None, "
                 f"not {type(opt).__name__}"
             )
-    key = id(rec._native)
-    if key in _trackers:
+    state = _State.of(rec)
+    if state.tracker is not None:
         raise PoolsightError("track() is already active for this recording")
     # After the checks: a refused call leaves no hooks on the model, and one that fails while
     # installing them takes back those it installed. Module scopes are shared with hook().
-    modules = _ModuleScopes.of(rec)
-    taken = modules.acquire(model) if (scopes and model is not None) else []
+    taken = state.acquire_modules(model) if (scopes and model is not None) else []
     try:
-        tracker = _Tracker(rec, model, optimizers)
+        tracker = _Tracker(state, model, optimizers)
     except BaseException:
-        modules.release(taken)
+        state.release_modules(taken)
         raise
-    _trackers[key] = tracker
+    state.tracker = tracker
+    state.user_lines += bool(user_line)
     try:
-        with tracker:
-            yield tracker
+        state.enter_globals()
+        try:
+            with state.mode_if(True):
+                yield tracker
+        finally:
+            state.exit_globals()
     finally:
-        del _trackers[key]
+        state.user_lines -= bool(user_line)
+        state.tracker = None
         tracker.remove()
-        modules.release(taken)
+        state.release_modules(taken)
 
 
 # PyTorch's own memory files (snapshots, profiler traces) as traces: see _torch_files.

@@ -12,8 +12,11 @@ use pyo3::types::{PyDict, PyList};
 use rustc_hash::FxHashMap;
 
 use poolsight_capi::{Session, SessionError, SessionPool};
-use poolsight_recorder::{FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken};
+use poolsight_recorder::{
+    DeviceInfo, DeviceKind, FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken,
+};
 
+mod autograd;
 mod cupy_alloc;
 mod cupy_hook;
 mod stacks;
@@ -179,6 +182,34 @@ impl Recorder {
         Ok(Token(token))
     }
 
+    /// ``enter`` under the stack ``parent`` (a stack id of this recording) instead of the
+    /// open scopes: for a call that belongs somewhere else than where the thread is (PyTorch's
+    /// backward operators, under the module whose forward made them).
+    fn enter_under(
+        &self,
+        parent: u32,
+        kind: u32,
+        name: &str,
+        phase: u32,
+        file: &str,
+        line: u32,
+    ) -> PyResult<Token> {
+        let token =
+            self.session
+                .enter_under(parent, kind_of(kind)?, name, phase_of(phase)?, file, line);
+        Ok(Token(token))
+    }
+
+    /// An allocation observed in another allocator, which has no pool of poolsight's: its
+    /// ``MALLOC_POST`` and ``ALLOC_POST`` (``size`` bytes at ``ptr``) in one call.
+    #[pyo3(signature = (size, ptr, stack, device=0))]
+    fn observed(&self, size: u64, ptr: u64, stack: u32, device: u32) {
+        self.session
+            .mem_event(MemKind::MallocPost, device, 0, ptr, size, stack, 0);
+        self.session
+            .mem_event(MemKind::AllocPost, device, 0, ptr, size, stack, 0);
+    }
+
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
     fn exit(&self, token: &Token) -> PyResult<()> {
         self.session.exit(token.0).map_err(err)
@@ -190,17 +221,32 @@ impl Recorder {
         self.session.abort(token.0).map_err(err)
     }
 
-    /// Describes a device that ``mem`` events name by ``id``.
-    #[pyo3(signature = (id, name, capacity=0, allocation_unit=1))]
+    /// Describes a device that ``mem`` events name by ``id``: ``kind`` is ``DEVICE_GPU``,
+    /// ``DEVICE_CPU`` or ``DEVICE_UNSPECIFIED`` (a pool's device); ``observed`` says the events
+    /// observe an allocator from outside (no pool: each block acquired when allocated).
+    #[pyo3(signature = (id, name, capacity=0, allocation_unit=1, kind=0, observed=false))]
     fn define_device(
         &self,
         id: u32,
         name: &str,
         capacity: u64,
         allocation_unit: u64,
+        kind: u8,
+        observed: bool,
     ) -> PyResult<()> {
-        self.session
-            .define_device(id, name, capacity, allocation_unit);
+        let kind = DeviceKind::try_from(kind).map_err(|k| {
+            PyValueError::new_err(format!(
+                "device kind {k} is not one of the trace format's (poolsight._native.DEVICE_CPU, ...)"
+            ))
+        })?;
+        self.session.define_device_info(DeviceInfo {
+            id,
+            name: name.to_owned(),
+            capacity,
+            allocation_unit: allocation_unit.max(1),
+            kind,
+            observed,
+        });
         Ok(())
     }
 
@@ -322,6 +368,12 @@ impl Recorder {
         Ok(stack)
     }
 
+    /// The stack ``parent`` plus one frame ``file:line`` in ``function`` (a line of Python
+    /// code, as in ``frames_stack``). Interned: the same arguments give the same id.
+    fn frame_under(&self, parent: u32, file: &str, line: u32, function: &str) -> u32 {
+        self.session.push_frame(parent, file, line, function)
+    }
+
     fn __repr__(&self) -> String {
         let state = if self.closed() {
             "finished"
@@ -335,6 +387,15 @@ impl Recorder {
 /// An open scope, from ``Recorder.enter`` for ``Recorder.exit``.
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct Token(ScopeToken);
+
+#[pymethods]
+impl Token {
+    /// The stack id of the scope (0 for a token that opened nothing, after ``finish``).
+    #[getter]
+    fn stack(&self) -> u32 {
+        self.0.stack()
+    }
+}
 
 fn mem_kind(kind: u8) -> PyResult<MemKind> {
     MemKind::try_from(kind).map_err(|other| {
@@ -624,6 +685,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for p in Phase::ALL {
         m.add(p.name().to_uppercase(), *p as u8)?;
     }
+    for d in DeviceKind::ALL {
+        m.add(format!("DEVICE_{}", d.name().to_uppercase()), *d as u8)?;
+    }
     m.add_class::<Recorder>()?;
     m.add_class::<ScopeGuard>()?;
     m.add_class::<Token>()?;
@@ -631,6 +695,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
     torch_alloc::register(m)?;
+    autograd::register(m)?;
     cupy_hook::register(m)?;
     cupy_alloc::register(m)?;
     torch_files::register(m)?;

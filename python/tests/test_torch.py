@@ -64,9 +64,15 @@ def test_hook_turns_modules_into_links_and_ops_into_functions(trace):
 
 
 def _hook_count(model, opt):
-    """Every hook track() may install: on modules, on parameters, on the optimizer."""
+    """Every hook track() may install: on modules, on parameters, on the optimizer, and the
+    process-wide module and optimizer hooks."""
+    from torch.nn.modules import module as nn_module
+    from torch.optim import optimizer as optim
+
     n = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
     n += sum(len(getattr(p, "_post_accumulate_grad_hooks", None) or {}) for p in model.parameters())
+    n += len(nn_module._global_forward_pre_hooks) + len(nn_module._global_forward_hooks)
+    n += len(optim._global_optimizer_pre_hooks) + len(optim._global_optimizer_post_hooks)
     return n + len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks)
 
 
@@ -83,20 +89,23 @@ def test_track_refuses_wrong_arguments_and_leaves_no_hooks(trace):
     assert _hook_count(model, opt) == 0
 
 
-def test_track_that_fails_while_installing_takes_its_hooks_back(trace):
-    class Broken(torch.optim.SGD):
-        def register_step_post_hook(self, hook):
-            raise RuntimeError("no post hooks here")
+def test_track_that_fails_while_installing_takes_its_hooks_back(trace, monkeypatch):
+    from torch.optim import optimizer as optim
+
+    def broken(hook):
+        raise RuntimeError("no post hooks here")
 
     model = MLP()
-    opt = Broken(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with poolsight.record(trace):
+        monkeypatch.setattr(optim, "register_optimizer_step_post_hook", broken)
         with pytest.raises(RuntimeError, match="no post hooks here"):
             with pst.track(model, opt):
                 pass
         assert _hook_count(model, opt) == 0
+        monkeypatch.undo()
         # And the recording can be tracked again.
-        with pst.track(model, torch.optim.SGD(model.parameters(), lr=0.1)):
+        with pst.track(model, opt):
             model(torch.randn(4, 32))
     assert _hook_count(model, opt) == 0
 
@@ -340,8 +349,11 @@ def test_a_module_call_that_raises_is_not_a_call(trace):
     # Linear: 6 calls inside Flaky (all completed) + 4 heads; Flaky and WithFlaky: 4 each.
     assert links == {"Linear": 10, "Flaky": 4, "WithFlaky": 4}
     depths = _line_depths(report_json("lines", trace)["root"])
-    assert {d for d, name in depths if name == "WithFlaky"} == {1}, depths
-    assert {d for d, name in depths if name == "Flaky"} == {2}, depths
+    # Under the line of this test that called the model, always at the same depth.
+    me = "test_a_module_call_that_raises_is_not_a_call"
+    assert {d for d, name in depths if name == me} == {1}, depths
+    assert {d for d, name in depths if name == "WithFlaky"} == {2}, depths
+    assert {d for d, name in depths if name == "Flaky"} == {3}, depths
 
 
 def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
@@ -359,6 +371,6 @@ def test_hooking_a_model_twice_is_refused_and_track_and_hook_compose(trace):
             train(model, opt, x, y, steps=2)
         with pst.hook(model), pst.track(model, opt):
             train(model, opt, x, y, steps=1)
-        assert rec._module_scopes._modules == {}, "every module hook is removed again"
+        assert rec._torch.modules == {}, "every module hook is removed again"
     links = {r["name"]: r["occurrence"] for r in report_json("timers", trace)["links"]}
     assert links == {"Linear": 6, "ReLU": 3, "Sequential": 3, "MLP": 3}

@@ -22,7 +22,9 @@ pub mod writer;
 pub use cpu::CountingAllocator;
 pub use epoch::CpuSampler;
 pub use error::{RecorderError, ScopeError};
-pub use poolsight_schema::kinds::{self, FrameKind, MarkKind, MemKind, Phase, ScopeKind};
+pub use poolsight_schema::kinds::{
+    self, DeviceKind, FrameKind, MarkKind, MemKind, Phase, ScopeKind,
+};
 pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
     ClockSource, CpuSource, DeviceInfo, Frame, Handle, ImportInfo, MemRecord, Mode, Recorder,

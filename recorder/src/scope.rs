@@ -59,6 +59,15 @@ use crate::writer::{now_ticks, Frame, Handle};
 /// most of a cache hit; rustc's Fx hash is the usual answer.
 type FxMap<K, V> = rustc_hash::FxHashMap<K, V>;
 
+#[inline]
+fn text_hash(name: &str, file: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = rustc_hash::FxHasher::default();
+    name.hash(&mut h);
+    file.hash(&mut h);
+    h.finish()
+}
+
 /// Identity of a call site. `Location`s are statics, so the address is a stable key; two
 /// addresses for the same `file:line` only cost one extra cache entry, as frames are interned
 /// by content.
@@ -81,10 +90,12 @@ struct ForeignScopeKey {
     line: u32,
     kind: FrameKind,
     phase: Phase,
+    /// A hash of the name and file: a binding may open hundreds of names at one "site" (every
+    /// PyTorch operator is opened with no file and line 0), which must not be one long list.
+    text: u64,
 }
 
-/// A file and a name, compared rather than hashed into a key: a call site almost always opens
-/// one name, so this is one or two short compares, and unlike a hash it cannot collide.
+/// A file and a name, compared after the key's hash matched: a hash could collide, this cannot.
 struct Named {
     file: Box<str>,
     name: Box<str>,
@@ -372,9 +383,11 @@ impl Context {
     }
 
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn foreign_scope(
         &mut self,
         handle: &Handle,
+        parent: u32,
         kind: FrameKind,
         phase: Phase,
         name: &str,
@@ -382,10 +395,11 @@ impl Context {
         line: u32,
     ) -> u32 {
         let key = ForeignScopeKey {
-            parent: self.top(),
+            parent,
             line,
             kind,
             phase,
+            text: text_hash(name, file),
         };
         let cached = self
             .foreign_scopes
@@ -688,7 +702,31 @@ impl Handle {
     ) -> ScopeToken {
         let id = self.id();
         let token = with_context(self, |cx| {
-            let stack = cx.foreign_scope(self, kind.into(), phase, name, file, line);
+            let parent = cx.top();
+            let stack = cx.foreign_scope(self, parent, kind.into(), phase, name, file, line);
+            cx.push(id, stack)
+        });
+        started(token)
+    }
+
+    /// [`Handle::enter`] under the stack `parent` instead of the innermost open scope: for a
+    /// binding that knows better than the thread's open scopes where a call belongs (PyTorch's
+    /// backward operators belong under the module whose forward made them, which is no longer
+    /// open). `parent` is a stack id of this recorder (0: the root). Scopes opened inside nest
+    /// under this one, and it closes like any other.
+    #[inline]
+    pub fn enter_under(
+        &self,
+        parent: u32,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> ScopeToken {
+        let id = self.id();
+        let token = with_context(self, |cx| {
+            let stack = cx.foreign_scope(self, parent, kind.into(), phase, name, file, line);
             cx.push(id, stack)
         });
         started(token)

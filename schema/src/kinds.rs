@@ -89,7 +89,7 @@ kinds! {
         OutOfMemory = 7, "out_of_memory";
         /// The allocator's limit was set to `bytes` (0 = none).
         LimitSet = 8, "limit_set";
-        /// Format 1.4: the free of the block at `ptr` (`bytes`) was requested; the allocator
+        /// Format 1.5: the free of the block at `ptr` (`bytes`) was requested; the allocator
         /// keeps it until other streams are done with it, and its `FreePost` follows.
         FreeRequested = 10, "free_requested";
     }
@@ -107,12 +107,12 @@ kinds! {
         /// A scope closed by an exception, not a completed call: `aux` = its stack, `a` = the
         /// ticks it opened at.
         ScopeAbort = 3, "scope_abort";
-        /// Format 1.4: at an out-of-memory, `aux` = device, `a` = bytes the device reported
+        /// Format 1.5: at an out-of-memory, `aux` = device, `a` = bytes the device reported
         /// free, `b` = bytes requested.
         DeviceFree = 4, "device_free";
-        /// Format 1.4: the allocator took a snapshot of its state; `aux` = device.
+        /// Format 1.5: the allocator took a snapshot of its state; `aux` = device.
         Snapshot = 5, "snapshot";
-        /// Format 1.4: a note: `aux` = string id of its text, `a` = address (0: none), `b` =
+        /// Format 1.5: a note: `aux` = string id of its text, `a` = address (0: none), `b` =
         /// device.
         Annotation = 6, "annotation";
     }
@@ -131,6 +131,18 @@ kinds! {
         Scope = 3, "scope";
         /// A frame handed in by a foreign caller (a line of a Python traceback).
         Foreign = 4, "foreign";
+        /// A label under an allocation's stack, never a scope: a memory category (1.4).
+        Label = 5, "label";
+    }
+}
+
+kinds! {
+    /// What memory a device's events are about (`DeviceDef.kind`, 1.4).
+    DeviceKind (DeviceKind) {
+        /// Not said (older files, a pool's simulated host device): a GPU pool.
+        Unspecified = 0, "unspecified";
+        Gpu = 1, "gpu";
+        Cpu = 2, "cpu";
     }
 }
 
@@ -219,6 +231,16 @@ mod tests {
         }
         for v in fb::FrameKind::ENUM_VALUES {
             assert!(FrameKind::try_from(*v).is_ok(), "{v:?}");
+        }
+        for k in DeviceKind::ALL {
+            let theirs = fb::DeviceKind::from(*k);
+            assert_eq!(
+                theirs.variant_name().map(str::to_lowercase),
+                Some(k.name().to_string())
+            );
+        }
+        for v in fb::DeviceKind::ENUM_VALUES {
+            assert!(DeviceKind::try_from(*v).is_ok(), "{v:?}");
         }
         for k in Phase::ALL {
             let theirs = fb::Phase::from(*k);

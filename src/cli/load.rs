@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use poolsight::analyzer::read::load::{self, LoadWarning, Loaded};
+use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::{Profile, ReplayOptions};
 
 use super::args::Input;
@@ -143,18 +144,28 @@ pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The traces' profiles (see [`load_traces`]).
+/// The traces' profiles (see [`load_traces`]), for a picture or an export of them (no
+/// categories).
 pub fn load_profiles(paths: &[PathBuf], live_at_peak: bool) -> anyhow::Result<Vec<Profile>> {
     let opts = ReplayOptions {
         live_at_peak,
+        categories: CategoryPass::Never,
         ..ReplayOptions::default()
     };
     Ok(load_traces(paths, opts)?.profiles)
 }
 
-/// The input's merged profile, or one per trace with `--per-rank`, each with its heading.
-pub fn profiles_of(input: &Input) -> anyhow::Result<Vec<(String, Profile)>> {
-    let profiles = load_profiles(&input.traces, false)?;
+/// The input's merged profile, or one per trace with `--per-rank`, each with its heading;
+/// `categories` says when the replay computes bytes by category and module.
+pub fn profiles_of(
+    input: &Input,
+    categories: CategoryPass,
+) -> anyhow::Result<Vec<(String, Profile)>> {
+    let opts = ReplayOptions {
+        categories,
+        ..ReplayOptions::default()
+    };
+    let profiles = load_traces(&input.traces, opts)?.profiles;
     Ok(load::views(profiles, input.per_rank)
         .into_iter()
         .map(|v| (v.heading, v.profile))
@@ -162,8 +173,12 @@ pub fn profiles_of(input: &Input) -> anyhow::Result<Vec<(String, Profile)>> {
 }
 
 /// The input loaded, and `f` computed for each of its profiles (see [`profiles_of`]).
-pub fn computed<T>(input: &Input, f: impl Fn(&Profile) -> T) -> anyhow::Result<Vec<(String, T)>> {
-    Ok(profiles_of(input)?
+pub fn computed<T>(
+    input: &Input,
+    categories: CategoryPass,
+    f: impl Fn(&Profile) -> T,
+) -> anyhow::Result<Vec<(String, T)>> {
+    Ok(profiles_of(input, categories)?
         .into_iter()
         .map(|(name, p)| (name, f(&p)))
         .collect())

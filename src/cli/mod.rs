@@ -69,7 +69,16 @@ enum Command {
     Timers(tables::TimersArgs),
     /// Memory deltas per epoch in MB (fastai's PeakMemMetric columns; GPU figures exact).
     Epochs(tables::EpochsArgs),
-    /// Every report: headline figures, functions, lines, timers and epochs.
+    /// Bytes by memory category and by module (PyTorch's MemTracker breakdown).
+    ///
+    /// Categories (the label of each allocation: parameter, activation, gradient, ...): live
+    /// bytes at the peak (they add up to it), each one's own maximum, at the end. Modules (link
+    /// scopes, by class path): calls; live bytes before, after and at the peak of the call
+    /// with the highest peak (MemTracker's Pre/Post/Peak-Forward); bytes allocated by backward
+    /// operators under it; its bytes live at the peak.
+    Categories(tables::CategoriesArgs),
+    /// Every report: headline figures, functions, lines, timers and epochs, and categories for
+    /// a trace whose allocations carry them.
     Report(tables::ReportArgs),
     /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
     ///
@@ -196,6 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Lines(a) => tables::lines(a, &mut out)?,
         Command::Timers(a) => tables::timers(a, &mut out)?,
         Command::Epochs(a) => tables::epochs(a, &mut out)?,
+        Command::Categories(a) => tables::categories(a, &mut out)?,
         Command::Report(a) => tables::report(a, &mut out)?,
         Command::Flamegraph(a) => views::flamegraph(a)?,
         Command::Timeline(a) => views::timeline(a)?,

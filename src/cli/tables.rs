@@ -1,13 +1,14 @@
-//! The report tables: `info`, `functions`, `lines`, `timers`, `epochs`, `report`.
+//! The report tables: `info`, `functions`, `lines`, `timers`, `epochs`, `categories`, `report`.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
 use poolsight::analyzer::read::info;
+use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::tables::functions::{self, Unit};
 use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};
-use poolsight::analyzer::tables::{epochs, lines, Report, ReportOptions};
+use poolsight::analyzer::tables::{categories, epochs, lines, Report, ReportOptions};
 use poolsight::analyzer::ReplayOptions;
 
 use super::args::{parse_table, parse_time_unit, parse_unit, table_names, Format, Input};
@@ -29,7 +30,11 @@ pub fn info(args: InfoArgs, out: &mut impl Write) -> anyhow::Result<()> {
         // As every report loads a trace: checksums checked as the replay reads each chunk,
         // the whole file checked first only if one fails. The warnings go to stderr as for
         // every command, and `info` lists them too.
-        let loaded = load_traces(std::slice::from_ref(path), ReplayOptions::default())?;
+        let opts = ReplayOptions {
+            categories: CategoryPass::Never,
+            ..ReplayOptions::default()
+        };
+        let loaded = load_traces(std::slice::from_ref(path), opts)?;
         let (trace, profile) = (&loaded.traces[0], &loaded.profiles[0]);
         let mut i = info::info(trace);
         info::add_replay(&mut i, profile);
@@ -71,7 +76,7 @@ pub struct FunctionsArgs {
 }
 
 pub fn functions(args: FunctionsArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, functions::functions)?;
+    let v = computed(&args.input, CategoryPass::Never, functions::functions)?;
     emit(
         out,
         args.input.format,
@@ -91,7 +96,9 @@ pub struct LinesArgs {
 }
 
 pub fn lines(args: LinesArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, |p| lines::lines(p, args.max_depth))?;
+    let v = computed(&args.input, CategoryPass::Never, |p| {
+        lines::lines(p, args.max_depth)
+    })?;
     emit(
         out,
         args.input.format,
@@ -123,7 +130,7 @@ pub fn timers(args: TimersArgs, out: &mut impl Write) -> anyhow::Result<()> {
         (_, true) => Which::Functions,
         _ => Which::Both,
     };
-    let v = computed(&args.input, timers::timers)?;
+    let v = computed(&args.input, CategoryPass::Never, timers::timers)?;
     emit(
         out,
         args.input.format,
@@ -140,7 +147,7 @@ pub struct EpochsArgs {
 }
 
 pub fn epochs(args: EpochsArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, epochs::epochs)?;
+    let v = computed(&args.input, CategoryPass::Never, epochs::epochs)?;
     emit(
         out,
         args.input.format,
@@ -151,11 +158,29 @@ pub fn epochs(args: EpochsArgs, out: &mut impl Write) -> anyhow::Result<()> {
 }
 
 #[derive(Args)]
+pub struct CategoriesArgs {
+    #[command(flatten)]
+    input: Input,
+}
+
+pub fn categories(args: CategoriesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = computed(&args.input, CategoryPass::Always, categories::categories)?;
+    emit(
+        out,
+        args.input.format,
+        &v,
+        categories::render_table,
+        categories::render_csv,
+    )
+}
+
+#[derive(Args)]
 pub struct ReportArgs {
     #[command(flatten)]
     input: Input,
     /// With --format csv: which table to write (a CSV file holds one table): summary,
-    /// functions, lines, timers or epochs. Each command's own --format csv gives the same.
+    /// functions, lines, timers, epochs or categories. Each command's own --format csv gives
+    /// the same.
     #[arg(long, value_parser = parse_table)]
     table: Option<&'static str>,
 }
@@ -172,7 +197,9 @@ pub fn report(args: ReportArgs, out: &mut impl Write) -> anyhow::Result<()> {
         (_, None) => "summary",
     };
     let opts = ReportOptions::default();
-    let v = computed(input, |p| Report::compute(p, &opts))?;
+    let v = computed(input, CategoryPass::IfLabelled, |p| {
+        Report::compute(p, &opts)
+    })?;
     emit(
         out,
         input.format,

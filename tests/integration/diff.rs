@@ -3,14 +3,13 @@
 //! pass, a bigger layer fails with the rows that grew, renamed functions show as added and
 //! removed, and bad rules are refused with exit 2.
 
-use crate::support::{cli, scratch, Outcome};
+use crate::support::{cli, record_on_pool, scratch, Outcome};
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use poolsight::pool::device::HostDevice;
-use poolsight::pool::{MemoryPool, TraceHook};
-use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
+use poolsight::pool::MemoryPool;
+use poolsight::recorder::{Handle, Phase};
 use serde_json::Value;
 
 /// This process's scratch directory, removed when the tests end.
@@ -61,14 +60,7 @@ fn runs() -> &'static Runs {
 /// Records `body` with a TraceHook on a fresh host pool.
 fn record(name: &str, body: impl FnOnce(&Handle, &MemoryPool)) -> String {
     let path = dir().join(format!("{name}.pstrace"));
-    let rec = Recorder::create(&path, RecorderConfig::default()).expect("recorder");
-    let h = rec.handle();
-    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
-    {
-        let _hook = TraceHook::for_pool(h.clone(), &pool).install();
-        body(&h, &pool);
-    }
-    rec.finish().expect("finish");
+    record_on_pool(&path, body);
     path.display().to_string()
 }
 

@@ -54,12 +54,7 @@ fn every_event_kind_round_trips() {
         RecorderConfig {
             rank: Some(1),
             world_size: Some(4),
-            devices: vec![DeviceInfo {
-                id: 0,
-                name: "host".into(),
-                capacity: 1 << 30,
-                allocation_unit: 512,
-            }],
+            devices: vec![DeviceInfo::pool(0, "host", 1 << 30, 512)],
             ..small_config()
         },
     )
@@ -95,12 +90,7 @@ fn every_event_kind_round_trips() {
     h.record_mark(MarkKind::EpochBegin, 1, 100, 0);
     h.record_mark(MarkKind::EpochEnd, 1, 150, 175);
     h.record_mark(MarkKind::CpuSample, 0, 123, 0);
-    h.define_device(DeviceInfo {
-        id: 1,
-        name: "second".into(),
-        capacity: 2 << 30,
-        allocation_unit: 512,
-    });
+    h.define_device(DeviceInfo::pool(1, "second", 2 << 30, 512));
     let summary = rec.finish().unwrap();
     assert_eq!(summary.events, 9 + 1 + 3);
     assert_eq!(summary.dropped_events, 0);
@@ -461,7 +451,13 @@ fn foreign_and_future_files_are_refused_clearly() {
     bytes[8] = 9; // major version 9
     std::fs::write(&path, &bytes).unwrap();
     let msg = Trace::open(&path).err().unwrap().to_string();
-    assert!(msg.contains("format 9.3 is not supported"), "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "format 9.{} is not supported",
+            poolsight::schema::FORMAT_MINOR
+        )),
+        "{msg}"
+    );
 
     let missing = Trace::open(tmp("does-not-exist.pstrace"))
         .err()
@@ -701,8 +697,10 @@ mod fuzz {
     fn analyze_everything(t: &Trace) {
         use poolsight::analyzer::tables::{self, Report, ReportOptions};
         use poolsight::analyzer::{diff, export, views::flamegraph, views::timeline};
+        // Every pass runs, the categories' walk included, on whatever the damage left.
         let opts = poolsight::analyzer::ReplayOptions {
             live_at_peak: true,
+            categories: poolsight::analyzer::replay::CategoryPass::Always,
             ..Default::default()
         };
         let p = poolsight::analyzer::replay(t, 0, &opts);
@@ -781,9 +779,13 @@ fn cli_gives_one_error_line_and_exit_2_on_bad_input() {
     let mut bytes = small_trace(&future);
     bytes[8] = 2;
     std::fs::write(&future, &bytes).unwrap();
+    let future_needle = format!(
+        "format 2.{} is not supported",
+        poolsight::schema::FORMAT_MINOR
+    );
     for (path, needle) in [
         (&foreign, "not a poolsight trace"),
-        (&future, "format 2.3 is not supported"),
+        (&future, future_needle.as_str()),
     ] {
         let out = std::process::Command::new(bin)
             .arg("info")

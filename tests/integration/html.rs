@@ -3,33 +3,20 @@
 //! that snapshots stay bounded, and that names from user code reach the page only as escaped
 //! data. (tests/browser/ opens the page in Chromium.)
 
-use crate::support::scratch;
+use crate::support::{record_on_pool, scratch};
 
 use std::path::Path;
-use std::sync::Arc;
 
 use poolsight::analyzer::replay::live_over_time;
 use poolsight::analyzer::views::html::{self, data, Part};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
-use poolsight::pool::device::HostDevice;
-use poolsight::pool::{MemoryPool, TraceHook};
-use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
+use poolsight::pool::MemoryPool;
+use poolsight::recorder::{Handle, Phase};
 
 const HOSTILE: &str = "</script><img src=x onerror=alert(1)>";
 
 fn trace_path(name: &str) -> scratch::Scratch {
     scratch::file(&format!("{name}.pstrace"))
-}
-
-fn record(path: &Path, body: impl FnOnce(&Handle, &MemoryPool)) {
-    let rec = Recorder::create(path, RecorderConfig::default()).expect("recorder");
-    let h = rec.handle();
-    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
-    {
-        let _hook = TraceHook::for_pool(h.clone(), &pool).install();
-        body(&h, &pool);
-    }
-    rec.finish().expect("finish");
 }
 
 fn replayed(path: &Path) -> (Trace, Profile) {
@@ -60,7 +47,7 @@ fn steps(h: &Handle, pool: &MemoryPool) {
 #[test]
 fn the_timeline_holds_the_exact_peak_and_what_was_live_at_it() {
     let path = trace_path("peak");
-    record(&path, steps);
+    record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
     let live = live_over_time(&trace, &profile.sources[0].series, html::LIVE_STACKS);
     let parts = [Part {
@@ -117,7 +104,7 @@ fn the_timeline_holds_the_exact_peak_and_what_was_live_at_it() {
 #[test]
 fn snapshots_keep_the_largest_stacks_and_sum_the_rest() {
     let path = trace_path("keep");
-    record(&path, steps);
+    record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
     let all = live_over_time(&trace, &profile.sources[0].series, usize::MAX);
     let one = live_over_time(&trace, &profile.sources[0].series, 1);
@@ -132,7 +119,7 @@ fn snapshots_keep_the_largest_stacks_and_sum_the_rest() {
 #[test]
 fn hostile_names_reach_the_page_only_as_escaped_data() {
     let path = trace_path("hostile");
-    record(&path, steps);
+    record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
     let page = html::report_page(HOSTILE, &[trace], &[profile]);
     assert!(!page.contains("<img"), "no markup from the trace");

@@ -3,10 +3,9 @@
 //! the peak where the pool peaked), that they are the same bytes every time, and that names
 //! from user code cannot inject markup.
 
-use crate::support::scratch;
+use crate::support::{record_on_pool, scratch};
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use poolsight::analyzer::tables::render::humanized;
@@ -15,25 +14,12 @@ use poolsight::analyzer::views::flamegraph::{
 };
 use poolsight::analyzer::views::timeline::{timeline_svg, TimelineError};
 use poolsight::analyzer::{replay, Profile, ReplayOptions, Trace};
-use poolsight::pool::device::HostDevice;
-use poolsight::pool::{MemoryPool, TraceHook};
-use poolsight::recorder::{Handle, Phase, Recorder, RecorderConfig};
+use poolsight::pool::MemoryPool;
+use poolsight::recorder::{Handle, Phase};
 
 /// A fresh trace path, in a folder of its own removed when the test ends.
 fn trace_path(name: &str) -> scratch::Scratch {
     scratch::file(&format!("{name}.pstrace"))
-}
-
-/// Records `body` with a TraceHook on a fresh host pool, then seals the file.
-fn record(path: &Path, body: impl FnOnce(&Handle, &MemoryPool)) {
-    let rec = Recorder::create(path, RecorderConfig::default()).expect("recorder");
-    let h = rec.handle();
-    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
-    {
-        let _hook = TraceHook::for_pool(h.clone(), &pool).install();
-        body(&h, &pool);
-    }
-    rec.finish().expect("finish");
 }
 
 fn profile(path: &Path) -> Profile {
@@ -83,7 +69,7 @@ fn text(svg: Vec<u8>) -> String {
 #[test]
 fn folded_bytes_add_up_to_the_root_totals() {
     let path = trace_path("folded-sums");
-    record(&path, mlp_step);
+    record_on_pool(&path, mlp_step);
     let p = profile(&path);
     let root = p.tree.root().total;
     assert!(root.used_bytes > 0 && root.acquired_bytes > 0);
@@ -94,11 +80,10 @@ fn folded_bytes_add_up_to_the_root_totals() {
     // 1000 and 600 round to 1024 and 1024 (512-byte unit), 3000 to 3072, 5000 to 5120.
     assert_eq!(root.used_bytes, 1024 + 3072 + 1024 + 5120);
 
-    // Every line is a path under the link, frames `name (file:line)` (the space a no-break
-    // one), in the tree's DFS order.
+    // Every line is a path under the link, frames `name (file:line)`, in the tree's DFS order.
     for l in &used {
         let first = l.split(';').next().expect("a frame");
-        assert!(first.starts_with("MLP\u{a0}("), "{l}");
+        assert!(first.starts_with("MLP ("), "{l}");
         assert!(first.contains(&format!("({}:", file!())), "{l}");
         assert!(first.ends_with(')'), "{l}");
     }
@@ -112,7 +97,7 @@ fn folded_bytes_add_up_to_the_root_totals() {
 #[test]
 fn live_at_peak_adds_up_to_the_pool_peak() {
     let path = trace_path("folded-peak");
-    record(&path, |h, pool| {
+    record_on_pool(&path, |h, pool| {
         let _s = h.scope("step");
         let a = {
             let _f = h.function("Embed", Phase::Forward);
@@ -142,7 +127,7 @@ fn live_at_peak_adds_up_to_the_pool_peak() {
 #[test]
 fn time_is_self_time_and_adds_up_to_the_outermost_scope() {
     let path = trace_path("folded-time");
-    record(&path, |h, _| {
+    record_on_pool(&path, |h, _| {
         let _outer = h.link("Model");
         std::thread::sleep(Duration::from_millis(2));
         for _ in 0..2 {
@@ -157,10 +142,10 @@ fn time_is_self_time_and_adds_up_to_the_outermost_scope() {
     assert_eq!(sum(&lines), outer, "self times partition the outer scope");
     let (model_line, matmul_line) = (&lines[0], &lines[1]);
     let value = |l: &str| -> u64 { l.rsplit_once(' ').expect("count").1.parse().expect("int") };
-    assert!(!model_line.contains(';') && model_line.starts_with("Model\u{a0}("));
+    assert!(!model_line.contains(';') && model_line.starts_with("Model ("));
     let frames: Vec<&str> = matmul_line.split(';').collect();
-    assert!(frames.len() == 2 && frames[0].starts_with("Model\u{a0}("));
-    assert!(frames[1].starts_with("MatMul\u{a0}("), "{matmul_line}");
+    assert!(frames.len() == 2 && frames[0].starts_with("Model ("));
+    assert!(frames[1].starts_with("MatMul ("), "{matmul_line}");
     assert!(
         value(matmul_line) >= 6_000_000,
         "two 3 ms calls: {matmul_line}"
@@ -171,7 +156,7 @@ fn time_is_self_time_and_adds_up_to_the_outermost_scope() {
 #[test]
 fn flamegraph_svg_is_the_same_bytes_every_time() {
     let path = trace_path("svg-deterministic");
-    record(&path, mlp_step);
+    record_on_pool(&path, mlp_step);
     let once = flamegraph_svg(&profile(&path), Metric::Used, "used bytes").expect("svg");
     let again = flamegraph_svg(&profile(&path), Metric::Used, "used bytes").expect("svg");
     assert!(once == again, "two replays, two renders, one output");
@@ -188,7 +173,7 @@ fn flamegraph_svg_is_the_same_bytes_every_time() {
 fn names_from_user_code_cannot_inject_markup() {
     let path = trace_path("svg-escape");
     let evil = r#"<script>alert("x")&</script>"#;
-    record(&path, |h, pool| {
+    record_on_pool(&path, |h, pool| {
         let _f = h.function(&format!("{evil}\u{7}"), Phase::Forward);
         drop(pool.malloc(2048).expect("malloc"));
     });
@@ -206,7 +191,7 @@ fn names_from_user_code_cannot_inject_markup() {
 #[test]
 fn semicolons_and_spaces_in_names_keep_one_frame_and_one_count() {
     let path = trace_path("folded-separators");
-    record(&path, |h, pool| {
+    record_on_pool(&path, |h, pool| {
         let _f = h.function("split;me 42", Phase::Forward);
         drop(pool.malloc(512).expect("malloc"));
     });
@@ -215,23 +200,68 @@ fn semicolons_and_spaces_in_names_keep_one_frame_and_one_count() {
     assert_eq!(lines.len(), 1);
     let (stack, count) = lines[0].rsplit_once(' ').expect("count");
     assert_eq!(count, "512");
-    assert!(
-        !stack.contains(' '),
-        "no ASCII space left to split on: {stack}"
-    );
     assert_eq!(
         stack.split(';').count(),
         2,
         "function and call site: {stack}"
     );
-    assert!(stack.contains("split:me\u{a0}42"));
-    flamegraph_svg(&p, Metric::Used, "t").expect("renders");
+    // The name keeps its ordinary space: the count is read after the line's last one.
+    assert!(stack.starts_with("split:me 42 ("), "{stack}");
+    let svg = text(flamegraph_svg(&p, Metric::Used, "t").expect("renders"));
+    assert!(svg.contains("split:me 42 ("), "the name drawn as written");
+    assert!(!svg.contains('\u{a0}'), "no stand-in characters drawn");
+}
+
+/// A frame without a file reads as its name alone, so a name that ends in a number ends the
+/// line: it must not read as a count (plain) or as the base count (differential).
+#[test]
+fn a_name_ending_in_a_number_is_not_read_as_a_count() {
+    use poolsight::recorder::{Frame, FrameKind, MemKind, MemRecord};
+    let path = trace_path("folded-number");
+    record_on_pool(&path, |h, _| {
+        let step = h.intern_frame(&Frame {
+            kind: FrameKind::Scope,
+            phase: Phase::None,
+            file: String::new(),
+            line: 0,
+            name: "step 3".into(),
+        });
+        let stack = h.intern_stack(0, step);
+        h.record_mem(MemRecord {
+            kind: MemKind::MallocPost,
+            device: 0,
+            stream: 0,
+            ptr: 4096,
+            bytes: 1024,
+            stack,
+            pmem: 1,
+        });
+    });
+    let p = profile(&path);
+    let lines = folded(&p, Metric::Used);
+    assert!(
+        lines.iter().any(|l| l.starts_with("step\u{a0}3")),
+        "{lines:?}"
+    );
+    let svg = text(flamegraph_svg(&p, Metric::Used, "t").expect("renders"));
+    // inferno read one count per line and kept the whole name (a misread takes "3" for a
+    // base count and names the frame "step").
+    assert!(
+        svg.contains("all (1,024 bytes, 100%)"),
+        "one count per line"
+    );
+    assert!(
+        svg.contains("<title>step\u{a0}3 (1,024 bytes"),
+        "the whole name"
+    );
+    let diff = diff_folded(&lines, &lines).expect("diff");
+    assert!(diff.iter().all(|l| l.ends_with(" 1024 1024")), "{diff:?}");
 }
 
 #[test]
 fn empty_traces_give_errors_not_pictures() {
     let path = trace_path("empty");
-    record(&path, |_, _| {});
+    record_on_pool(&path, |_, _| {});
     let p = profile(&path);
     for metric in Metric::ALL {
         assert!(folded(&p, metric).is_empty());
@@ -246,7 +276,7 @@ fn empty_traces_give_errors_not_pictures() {
 
     // Scopes without memory: a time flamegraph, but no byte one.
     let path = trace_path("scopes-only");
-    record(&path, |h, _| {
+    record_on_pool(&path, |h, _| {
         let _f = h.function("Idle", Phase::Forward);
         std::thread::sleep(Duration::from_millis(1));
     });
@@ -276,14 +306,14 @@ fn differential_flamegraph_compares_the_same_stacks() {
             drop(pool.malloc(size).expect("malloc"));
         }
     }
-    record(&base_path, |h, pool| run(h, pool, &[1024]));
-    record(&new_path, |h, pool| run(h, pool, &[1024, 2048]));
+    record_on_pool(&base_path, |h, pool| run(h, pool, &[1024]));
+    record_on_pool(&new_path, |h, pool| run(h, pool, &[1024, 2048]));
     let (base, new) = (profile(&base_path), profile(&new_path));
 
     let lines =
         diff_folded(&folded(&base, Metric::Used), &folded(&new, Metric::Used)).expect("diff");
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(lines[0].starts_with("Linear\u{a0}("), "{lines:?}");
+    assert!(lines[0].starts_with("Linear ("), "{lines:?}");
     assert!(lines[0].ends_with(") 1024 3072"), "{lines:?}");
 
     let once = differential_svg(&base, &new, Metric::Used, "diff").expect("svg");
@@ -292,7 +322,7 @@ fn differential_flamegraph_compares_the_same_stacks() {
     assert!(text(once).contains("Linear"));
 
     let empty = trace_path("diff-empty");
-    record(&empty, |_, _| {});
+    record_on_pool(&empty, |_, _| {});
     assert!(matches!(
         differential_svg(&base, &profile(&empty), Metric::Used, "diff"),
         Err(FlameError::Empty { .. })
@@ -303,7 +333,7 @@ fn differential_flamegraph_compares_the_same_stacks() {
 fn timeline_shades_each_epoch_and_marks_the_peak() {
     // A path with markup characters: it is printed in the title and must be escaped.
     let path = trace_path("timeline-<b>&");
-    record(&path, |h, pool| {
+    record_on_pool(&path, |h, pool| {
         let mut kept = Vec::new();
         for epoch in 1..=3 {
             h.epoch_begin(epoch);
@@ -347,12 +377,12 @@ fn timeline_shades_each_epoch_and_marks_the_peak() {
 fn timeline_draws_one_panel_per_rank() {
     let (a, b) = (trace_path("timeline-rank-a"), trace_path("timeline-rank-b"));
     let idle = trace_path("timeline-rank-idle");
-    record(&a, mlp_step);
-    record(&b, |h, pool| {
+    record_on_pool(&a, mlp_step);
+    record_on_pool(&b, |h, pool| {
         mlp_step(h, pool);
         mlp_step(h, pool);
     });
-    record(&idle, |_, _| {});
+    record_on_pool(&idle, |_, _| {});
     let merged = Profile::merge(vec![profile(&a), profile(&b), profile(&idle)]);
     let svg = text(timeline_svg(&merged).expect("svg"));
     assert_eq!(svg.matches(r#"<g class="peak">"#).count(), 2);

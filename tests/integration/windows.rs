@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use poolsight::analyzer::replay::{progress_total, replay_split, Split};
+use poolsight::analyzer::replay::{progress_total, replay_split, CategoryPass, Split};
 use poolsight::analyzer::{ChunkKind, ReplayOptions, Trace};
 use poolsight::recorder::{
     Frame, FrameKind, Handle, MarkKind, MemKind, MemRecord, Phase, Recorder, RecorderConfig,
@@ -26,14 +26,20 @@ fn figures(trace: &Trace, opts: &ReplayOptions, split: Split) -> Option<String> 
 }
 
 fn option_sets() -> Vec<ReplayOptions> {
-    [(2000, false), (7, true), (1, false), (0, true)]
-        .into_iter()
-        .map(|(series_points, live_at_peak)| ReplayOptions {
-            series_points,
-            live_at_peak,
-            progress: None,
-        })
-        .collect()
+    [
+        (2000, false, CategoryPass::Never),
+        (7, true, CategoryPass::Always),
+        (1, false, CategoryPass::Always),
+        (0, true, CategoryPass::Never),
+    ]
+    .into_iter()
+    .map(|(series_points, live_at_peak, categories)| ReplayOptions {
+        series_points,
+        live_at_peak,
+        progress: None,
+        categories,
+    })
+    .collect()
 }
 
 /// Asserts the windows (of each size) give what the one merge gives; `windows_stand` says

@@ -7,6 +7,25 @@
 pub mod common;
 pub mod scratch;
 
+use std::path::Path;
+use std::sync::Arc;
+
+use poolsight::pool::device::HostDevice;
+use poolsight::pool::{MemoryPool, TraceHook};
+use poolsight::recorder::{Handle, Recorder, RecorderConfig};
+
+/// Records `body` into `path` with a TraceHook on a fresh 1 GiB host pool, then seals the file.
+pub fn record_on_pool(path: &Path, body: impl FnOnce(&Handle, &MemoryPool)) {
+    let rec = Recorder::create(path, RecorderConfig::default()).expect("recorder");
+    let h = rec.handle();
+    let pool = MemoryPool::new(Arc::new(HostDevice::new(0, 1 << 30)));
+    {
+        let _hook = TraceHook::for_pool(h.clone(), &pool).install();
+        body(&h, &pool);
+    }
+    rec.finish().expect("finish");
+}
+
 /// What a `poolsight` command did: its exit code (-1 when killed by a signal), stdout, stderr.
 pub struct Outcome {
     pub code: i32,

@@ -2,6 +2,7 @@
 //! definitions chunks, and its footer.
 
 use poolsight_schema::fb;
+use poolsight_schema::kinds::DeviceKind;
 
 use super::trace::Trace;
 use super::types::{ChunkKind, Defs, DeviceDef, Footer, FrameDef, ThreadDef, Warning};
@@ -47,8 +48,28 @@ impl Trace {
                 });
             }
         }
+        if self.header.format_minor < poolsight_schema::LABEL_MINOR {
+            labels_before_1_4(&mut defs);
+        }
         self.defs = defs;
         self.footer = footer;
+    }
+}
+
+/// Before format 1.4 an integration's labels (PyTorch's memory categories) were `Scope` frames
+/// with no file and line 0; they read as the `Label` frames they are.
+fn labels_before_1_4(defs: &mut Defs) {
+    let no_file = |id: u32| defs.strings.get(&id).is_none_or(|s| s.is_empty());
+    let labels: Vec<u32> = defs
+        .frames
+        .iter()
+        .filter(|(_, f)| f.kind == fb::FrameKind::Scope && f.line == 0 && no_file(f.file))
+        .map(|(&id, _)| id)
+        .collect();
+    for id in labels {
+        if let Some(f) = defs.frames.get_mut(&id) {
+            f.kind = fb::FrameKind::Label;
+        }
     }
 }
 
@@ -90,5 +111,7 @@ pub(super) fn device_def(d: &fb::DeviceDef<'_>) -> DeviceDef {
         name: d.name().unwrap_or("").to_owned(),
         capacity: d.capacity(),
         allocation_unit: d.allocation_unit(),
+        kind: DeviceKind::try_from(d.kind()).unwrap_or(DeviceKind::Unspecified),
+        observed: d.observed(),
     }
 }

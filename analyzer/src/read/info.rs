@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::read::names::{event_keys, mark_kind_name, mem_kind_name, scope_event_name, FrameKind};
 use crate::read::{ChunkInfo, ChunkKind, Import, Trace};
-use crate::replay::{PoolFigures, Profile};
+use crate::replay::{Memory, MemoryKind, PoolFigures, Profile};
 use crate::tables::render::{humanized, seconds_or_ms};
 
 #[derive(Debug, Clone, Serialize)]
@@ -26,6 +26,11 @@ pub struct DeviceInfo {
     pub name: String,
     pub capacity_bytes: u64,
     pub allocation_unit: u64,
+    /// What memory it is: `unspecified` (before format 1.4, or a pool's simulated device),
+    /// `gpu` or `cpu`.
+    pub kind: &'static str,
+    /// Its events observe an allocator from outside: no pool of poolsight's.
+    pub observed: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -69,6 +74,9 @@ pub struct Info {
     pub pool: Option<PoolFigures>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub epochs: Option<usize>,
+    /// What memory the devices' events are about; left out where the trace does not say.
+    #[serde(skip_serializing_if = "Memory::unspecified")]
+    pub memory: Memory,
 }
 
 /// Adds what only a replay knows: the pool's peaks and counts, and the epochs.
@@ -212,6 +220,8 @@ pub fn info(trace: &Trace) -> Info {
                 name: d.name.clone(),
                 capacity_bytes: d.capacity,
                 allocation_unit: d.allocation_unit,
+                kind: d.kind.name(),
+                observed: d.observed,
             });
         }
     }
@@ -257,6 +267,7 @@ pub fn info(trace: &Trace) -> Info {
         incomplete: Vec::new(),
         pool: None,
         epochs: None,
+        memory: Memory::of(&trace.defs.devices),
     }
 }
 
@@ -346,26 +357,43 @@ pub fn render_table(i: &Info) -> String {
     }
     let _ = writeln!(o, "devices      {}", i.devices.len());
     for d in &i.devices {
-        let _ = writeln!(
-            o,
-            "  {:>3}  {} ({} bytes, unit {})",
-            d.id, d.name, d.capacity_bytes, d.allocation_unit
-        );
+        let _ = writeln!(o, "  {:>3}  {} ({})", d.id, d.name, device_words(d));
     }
     if let Some(p) = &i.pool {
-        let _ = writeln!(
-            o,
-            "pool         peak used {} at {}, peak acquired {} at {}",
-            humanized(p.peak_used_bytes),
-            seconds_or_ms(p.peak_used_ns),
-            humanized(p.peak_acquired_bytes),
-            seconds_or_ms(p.peak_acquired_ns)
-        );
-        let _ = writeln!(
-            o,
-            "             {} mallocs, {} device allocations, {} releases, {} out-of-memory errors",
-            p.mallocs, p.device_allocs, p.releases, p.out_of_memory
-        );
+        if i.memory.observed {
+            // No pool: nothing is held beyond what is live, and nothing comes from a device.
+            let _ = writeln!(
+                o,
+                "memory       peak live {} at {} ({}, observed: no pool)",
+                humanized(p.peak_used_bytes),
+                seconds_or_ms(p.peak_used_ns),
+                i.memory.what()
+            );
+            let _ = writeln!(
+                o,
+                "             {} allocations, {} frees, {} out-of-memory errors",
+                p.mallocs, p.frees, p.out_of_memory
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "pool         peak used {} at {}, peak acquired {} at {}",
+                humanized(p.peak_used_bytes),
+                seconds_or_ms(p.peak_used_ns),
+                humanized(p.peak_acquired_bytes),
+                seconds_or_ms(p.peak_acquired_ns)
+            );
+            let device_allocations = if i.memory.kind == MemoryKind::Cpu {
+                "allocations from host memory"
+            } else {
+                "device allocations"
+            };
+            let _ = writeln!(
+                o,
+                "             {} mallocs, {} {device_allocations}, {} releases, {} out-of-memory errors",
+                p.mallocs, p.device_allocs, p.releases, p.out_of_memory
+            );
+        }
     }
     if let Some(e) = i.epochs {
         let _ = writeln!(o, "epochs       {e}");
@@ -377,6 +405,23 @@ pub fn render_table(i: &Info) -> String {
         let _ = writeln!(o, "warning      {w}");
     }
     o
+}
+
+/// A device's line of `info`: its size and allocation unit, and since format 1.4 what memory
+/// it is and whether its events are observed from outside a pool.
+fn device_words(d: &DeviceInfo) -> String {
+    let size = format!("{} bytes, unit {}", d.capacity_bytes, d.allocation_unit);
+    let what = match d.kind {
+        "gpu" => "GPU memory",
+        "cpu" => "CPU memory",
+        _ => return size,
+    };
+    if d.observed {
+        // An observer knows no capacity: the allocator it watches does.
+        format!("{what}, observed: no pool, unit {}", d.allocation_unit)
+    } else {
+        format!("{what}, {size}")
+    }
 }
 
 /// One CSV row per trace: the scalar figures of [`Info`], lists joined by `; `.

@@ -35,6 +35,7 @@ pub enum FrameKind {
     Link,
     Scope,
     Foreign,
+    Label,
     Unknown,
 }
 
@@ -46,6 +47,7 @@ impl From<kinds::FrameKind> for FrameKind {
             kinds::FrameKind::Link => FrameKind::Link,
             kinds::FrameKind::Scope => FrameKind::Scope,
             kinds::FrameKind::Foreign => FrameKind::Foreign,
+            kinds::FrameKind::Label => FrameKind::Label,
         }
     }
 }
@@ -65,6 +67,7 @@ impl FrameKind {
             FrameKind::Link => kinds::FrameKind::Link.name(),
             FrameKind::Scope => kinds::FrameKind::Scope.name(),
             FrameKind::Foreign => kinds::FrameKind::Foreign.name(),
+            FrameKind::Label => kinds::FrameKind::Label.name(),
             FrameKind::Unknown => "unknown",
         }
     }

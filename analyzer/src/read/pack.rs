@@ -416,6 +416,8 @@ fn build_header(trace: &Trace) -> Vec<u8> {
                     name: Some(name),
                     capacity: d.capacity,
                     allocation_unit: d.allocation_unit,
+                    kind: d.kind.into(),
+                    observed: d.observed,
                 },
             )
         })

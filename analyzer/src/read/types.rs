@@ -7,6 +7,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::path::PathBuf;
 
+use poolsight_schema::kinds::DeviceKind;
 use poolsight_schema::{fb, PreludeError};
 
 /// Why a file could not be read at all.
@@ -68,6 +69,10 @@ pub struct DeviceDef {
     pub name: String,
     pub capacity: u64,
     pub allocation_unit: u64,
+    /// What memory the device's events are about (`Unspecified` before format 1.4).
+    pub kind: DeviceKind,
+    /// The events observe an allocator from outside: no pool, acquired follows used.
+    pub observed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +129,7 @@ pub struct Header {
     pub devices: Vec<DeviceDef>,
     /// A packed trace (format 1.2): no ring slots, event chunks may be packed.
     pub packed: bool,
-    /// Format 1.4: what `poolsight import` converted this trace from.
+    /// Format 1.5: what `poolsight import` converted this trace from.
     pub import: Option<Import>,
 }
 

@@ -361,6 +361,36 @@ pub(super) fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)>
     by_thread
 }
 
+/// Feeds `sink` every memory event of `trace` in the merge order of [`in_time_order`] (the
+/// same events, marks and ties, so merge ordinals match the replay's), and the marks earlier
+/// than the last of them.
+pub(super) fn walk<S: Sink>(trace: &Trace, sink: &mut S, progress: Option<&AtomicU64>) {
+    let by_thread = mem_chunks_by_thread(trace);
+    let marks = sorted_marks(trace);
+    let mut streams = streams_from_start(&by_thread, Vec::new());
+    merge_streams(trace, &mut streams, &marks, sink, progress, true);
+}
+
+/// A stream per thread of `by_thread`, each from its first event to its end; `feeds`, when not
+/// empty, deliver each thread's decoded chunks in order.
+fn streams_from_start<'a>(
+    by_thread: &'a [(u32, Vec<&'a ChunkInfo>)],
+    feeds: Vec<Receiver<Events<'a, fb::MemEvent>>>,
+) -> Vec<Stream<'a>> {
+    let mut feeds = feeds.into_iter();
+    by_thread
+        .iter()
+        .map(|(_, chunks)| {
+            let from = Cursor {
+                chunk: 0,
+                at: 0,
+                base: chunks.first().map_or(0, |c| c.base_ticks),
+            };
+            Stream::new(chunks, from, (chunks.len(), 0), feeds.next())
+        })
+        .collect()
+}
+
 /// The merge of [`in_time_order`]; `feeds`, when not empty, deliver each thread's decoded
 /// chunks in order (one per thread of `by_thread`).
 fn merge<'a>(
@@ -376,18 +406,7 @@ fn merge<'a>(
     let track = !stops.is_empty();
     let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
     let marks = sorted_marks(trace);
-    let mut feeds = feeds.into_iter();
-    let mut streams: Vec<Stream> = by_thread
-        .iter()
-        .map(|(_, chunks)| {
-            let from = Cursor {
-                chunk: 0,
-                at: 0,
-                base: chunks.first().map_or(0, |c| c.base_ticks),
-            };
-            Stream::new(chunks, from, (chunks.len(), 0), feeds.next())
-        })
-        .collect();
+    let mut streams = streams_from_start(by_thread, feeds);
     let fed = merge_streams(
         trace,
         &mut streams,

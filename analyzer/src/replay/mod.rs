@@ -28,6 +28,7 @@
 //! the failed part is kept apart; the time-ordered pass counts only what the pool handed out
 //! or held (live bytes).
 
+mod categories;
 mod downsample;
 mod merge;
 mod profile;
@@ -44,8 +45,8 @@ use std::sync::Arc;
 use crate::read::{ChunkKind, Trace};
 
 pub use profile::{
-    signed, Agg, CallTree, EpochFigures, Frame, Node, PoolFigures, Profile, Raised, Seen, Series,
-    Source, NEVER,
+    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
+    MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,
 };
 pub use timeline::Snapshot;
 
@@ -59,13 +60,37 @@ pub struct ReplayOptions {
     /// Bytes of chunks processed so far, for a progress bar; each pass adds each chunk's
     /// length once, so the total is [`progress_total`] of the trace.
     pub progress: Option<Arc<AtomicU64>>,
+    /// When to compute bytes by memory category and by module ([`Source::categories`]): one
+    /// more time-ordered walk, which also gives the live bytes at the peak.
+    pub categories: CategoryPass,
+}
+
+/// When a replay computes bytes by memory category and by module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CategoryPass {
+    Never,
+    /// For a trace whose allocations carry labels (memory categories): the default, so that
+    /// every report of such a trace has its categories.
+    #[default]
+    IfLabelled,
+    /// For every trace: its modules, and all its bytes as unlabelled.
+    Always,
+}
+
+/// Whether the replay of `trace` with `opts` computes its categories.
+fn wants_categories(trace: &Trace, opts: &ReplayOptions) -> bool {
+    match opts.categories {
+        CategoryPass::Never => false,
+        CategoryPass::IfLabelled => categories::has_labels(trace),
+        CategoryPass::Always => true,
+    }
 }
 
 /// What [`ReplayOptions::progress`] counts up to for a trace.
 pub fn progress_total(trace: &Trace, opts: &ReplayOptions) -> u64 {
     let bytes: u64 = trace.chunks.iter().map(|c| c.len as u64).sum();
     bytes
-        + if opts.live_at_peak {
+        + if opts.live_at_peak || wants_categories(trace, opts) {
             mem_bytes(trace)
         } else {
             0
@@ -88,6 +113,7 @@ impl Default for ReplayOptions {
             live_at_peak: false,
             series_points: 2000,
             progress: None,
+            categories: CategoryPass::default(),
         }
     }
 }
@@ -165,8 +191,13 @@ fn assemble(
 ) -> Profile {
     let progress = opts.progress.as_deref();
     let before = progress.map(|p| p.load(Ordering::Relaxed));
-    let live: HashMap<u32, u64> = match timeline.peak_ordinal {
-        Some(peak) if opts.live_at_peak => {
+    // The categories' walk goes through every memory event and passes the peak: it gives the
+    // live bytes there too, so the walk to the peak is needed only without it.
+    let walked = wants_categories(trace, opts)
+        .then(|| categories::categories(trace, timeline.peak_ordinal, progress));
+    let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal) {
+        (Some(w), _) if opts.live_at_peak => w.live_at_peak.clone(),
+        (None, Some(peak)) if opts.live_at_peak => {
             merge::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
                 .snapshots
                 .pop()
@@ -177,7 +208,8 @@ fn assemble(
     };
     // The walk to the peak stops there (or never runs): what it left unread still counts, so
     // that the progress ends at its total.
-    if let (Some(p), Some(before), true) = (progress, before, opts.live_at_peak) {
+    if let (Some(p), Some(before), true) = (progress, before, opts.live_at_peak || walked.is_some())
+    {
         let walked = p.load(Ordering::Relaxed).saturating_sub(before);
         p.fetch_add(mem_bytes(trace).saturating_sub(walked), Ordering::Relaxed);
     }
@@ -207,6 +239,8 @@ fn assemble(
         pool: timeline.pool(trace),
         epochs: timeline.epochs(trace, end_ticks),
         series: timeline.series(trace),
+        memory: Memory::of(&trace.defs.devices),
+        categories: walked.map(|w| w.figures),
     };
     Profile {
         sources: vec![source],

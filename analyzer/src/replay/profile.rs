@@ -7,7 +7,8 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::read::names::{FrameKind, Phase};
-use crate::read::Trace;
+use crate::read::{DeviceDef, Trace};
+use poolsight_schema::kinds::DeviceKind;
 
 /// When something was first seen: (index of the trace among those merged, ns since its start).
 /// Comparing these orders rows by trace first, then by time, deterministically.
@@ -364,6 +365,158 @@ pub struct Series {
     pub used_max_ordinals: Vec<u64>,
 }
 
+/// What memory a trace's events are about, from its devices (format 1.4's `DeviceDef.kind` and
+/// `observed`): the words the reports use for it. A trace that does not say (an older file, a
+/// pool over the simulated host device) is spoken of as a GPU pool, as before 1.4.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    pub kind: MemoryKind,
+    /// No pool of poolsight's: the events observe an allocator from outside (PyTorch's), each
+    /// block acquired when allocated and released when freed, so held bytes are live bytes.
+    pub observed: bool,
+}
+
+/// The memory of every device of a trace (or of several merged traces).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryKind {
+    /// Not said: a GPU pool, in the words reports used before format 1.4.
+    #[default]
+    Unspecified,
+    Cpu,
+    Gpu,
+    /// Devices of both kinds (their bytes add up in one series).
+    CpuAndGpu,
+}
+
+impl Memory {
+    /// The memory of `devices`: unspecified if any device does not say (or there is none),
+    /// observed only if every device is.
+    pub fn of(devices: &[DeviceDef]) -> Memory {
+        let kinds = devices.iter().map(|d| match d.kind {
+            DeviceKind::Cpu => MemoryKind::Cpu,
+            DeviceKind::Gpu => MemoryKind::Gpu,
+            DeviceKind::Unspecified => MemoryKind::Unspecified,
+        });
+        Memory::combine(devices.iter().zip(kinds).map(|(d, kind)| Memory {
+            kind,
+            observed: d.observed,
+        }))
+    }
+
+    /// The memory of several traces (or devices) together.
+    pub fn combine(all: impl IntoIterator<Item = Memory>) -> Memory {
+        let mut out: Option<Memory> = None;
+        for m in all {
+            out = Some(match out {
+                None => m,
+                Some(o) => Memory {
+                    kind: match (o.kind, m.kind) {
+                        (MemoryKind::Unspecified, _) | (_, MemoryKind::Unspecified) => {
+                            MemoryKind::Unspecified
+                        }
+                        (a, b) if a == b => a,
+                        _ => MemoryKind::CpuAndGpu,
+                    },
+                    observed: o.observed && m.observed,
+                },
+            });
+        }
+        match out {
+            Some(m) if m.kind != MemoryKind::Unspecified => m,
+            _ => Memory::default(),
+        }
+    }
+
+    /// Whether the trace says nothing of its memory: reports keep their pre-1.4 words.
+    pub fn unspecified(&self) -> bool {
+        self.kind == MemoryKind::Unspecified
+    }
+
+    /// What the live bytes are, in a sentence: `CPU memory`, `GPU memory`, `CPU and GPU
+    /// memory`, or `device memory` when the trace does not say.
+    pub fn what(&self) -> &'static str {
+        match self.kind {
+            MemoryKind::Unspecified => "device memory",
+            MemoryKind::Cpu => "CPU memory",
+            MemoryKind::Gpu => "GPU memory",
+            MemoryKind::CpuAndGpu => "CPU and GPU memory",
+        }
+    }
+
+    /// Where a pool takes its memory from, in a sentence: `the device`, or `host memory` for
+    /// a pool over CPU memory.
+    pub fn pool_source(&self) -> &'static str {
+        match self.kind {
+            MemoryKind::Cpu => "host memory",
+            _ => "the device",
+        }
+    }
+
+    /// The first word of the `epochs` table's device columns (`gpu used`, `peak`): fastai's
+    /// `gpu` where the memory is a GPU's (or not said), `tensor` for memory observed from
+    /// outside on the CPU, `pool` for a pool over CPU memory.
+    pub fn epoch_column(&self) -> &'static str {
+        match (self.kind, self.observed) {
+            (MemoryKind::Unspecified | MemoryKind::Gpu, _) => "gpu",
+            (_, true) => "tensor",
+            (_, false) => "pool",
+        }
+    }
+}
+
+/// Bytes by memory category and by module, from one more time-ordered walk over a trace's
+/// memory events with its link scopes' calls in between (`replay/categories.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CategoryFigures {
+    /// Every category something was allocated under, in the order of their first allocation,
+    /// the allocations without a label last.
+    pub categories: Vec<CategoryBytes>,
+    /// Every module (a chain of link frames) that was called or allocated under, in the order
+    /// first seen, a module before the modules it calls.
+    pub modules: Vec<ModuleBytes>,
+}
+
+/// One memory category's live bytes: a category is the innermost `Label` frame of an
+/// allocation's stack (PyTorch's `parameter`, `activation`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CategoryBytes {
+    /// `None`: allocations whose stack has no label.
+    pub name: Option<String>,
+    /// Live at the moment of the trace's peak of live bytes (the categories add up to it).
+    pub at_peak_bytes: u64,
+    /// The category's own highest live bytes, and when (ns since the trace's start).
+    pub max_bytes: u64,
+    pub max_ns: u64,
+    /// Live when the trace ends.
+    pub at_end_bytes: u64,
+}
+
+/// One module's calls and bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModuleBytes {
+    /// Its link frames, outermost first: the module and the modules that called it.
+    #[serde(skip)]
+    pub path: Vec<Frame>,
+    /// Its completed calls (link scope events whose innermost frame is its own).
+    pub calls: u64,
+    /// Of those, the call whose peak of live bytes was highest (the first of equal ones).
+    pub peak_call: Option<CallBytes>,
+    /// Bytes allocated under it (its submodules included) still live at the trace's peak.
+    pub live_at_peak_bytes: u64,
+}
+
+/// One call's live bytes, the trace's whole (every thread and category): as it began, as it
+/// ended, and the highest in between (exact, from the events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CallBytes {
+    pub begin_ns: u64,
+    pub end_ns: u64,
+    pub before_bytes: i64,
+    pub after_bytes: i64,
+    pub peak_bytes: i64,
+}
+
 /// One replayed trace's own figures.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Source {
@@ -381,6 +534,11 @@ pub struct Source {
     pub pool: PoolFigures,
     pub epochs: Vec<EpochFigures>,
     pub series: Series,
+    /// What memory its events are about.
+    pub memory: Memory,
+    /// Bytes by memory category and by module, when the replay computed them
+    /// ([`crate::replay::ReplayOptions::categories`]).
+    pub categories: Option<CategoryFigures>,
 }
 
 /// Everything the reports need, from one trace or merged from several (ranks of one job).
@@ -407,6 +565,11 @@ impl Profile {
         first
     }
 
+    /// What memory the merged traces' events are about.
+    pub fn memory(&self) -> Memory {
+        Memory::combine(self.sources.iter().map(|s| s.memory))
+    }
+
     /// Wall time of the longest of the merged traces.
     pub fn duration_ns(&self) -> u64 {
         self.sources
@@ -423,4 +586,58 @@ impl Profile {
 #[inline]
 pub fn signed(bytes: u64) -> i64 {
     i64::try_from(bytes).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(kind: DeviceKind, observed: bool) -> DeviceDef {
+        DeviceDef {
+            id: 0,
+            name: String::new(),
+            capacity: 0,
+            allocation_unit: 1,
+            kind,
+            observed,
+        }
+    }
+
+    #[test]
+    fn the_memory_of_devices_is_said_only_when_every_device_says_it() {
+        let of = |ds: &[DeviceDef]| Memory::of(ds);
+        assert_eq!(of(&[]), Memory::default());
+        let cpu = Memory {
+            kind: MemoryKind::Cpu,
+            observed: true,
+        };
+        assert_eq!(of(&[device(DeviceKind::Cpu, true)]), cpu);
+        assert_eq!(
+            of(&[device(DeviceKind::Cpu, true), device(DeviceKind::Gpu, true)]),
+            Memory {
+                kind: MemoryKind::CpuAndGpu,
+                observed: true
+            }
+        );
+        assert_eq!(
+            of(&[
+                device(DeviceKind::Gpu, false),
+                device(DeviceKind::Gpu, true)
+            ]),
+            Memory {
+                kind: MemoryKind::Gpu,
+                observed: false
+            }
+        );
+        // One device that does not say makes the whole unspecified (pre-1.4 words).
+        assert_eq!(
+            of(&[
+                device(DeviceKind::Cpu, true),
+                device(DeviceKind::Unspecified, false)
+            ]),
+            Memory::default()
+        );
+        assert_eq!(Memory::combine([cpu, Memory::default()]), Memory::default());
+        assert_eq!(Memory::combine([cpu, cpu]), cpu);
+    }
 }

@@ -204,7 +204,7 @@ fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {
     acc.last_ticks = acc.last_ticks.max(last_ticks);
 }
 
-fn frame_of(trace: &Trace, frame_id: u32) -> Frame {
+pub(super) fn frame_of(trace: &Trace, frame_id: u32) -> Frame {
     let defs = &trace.defs;
     match defs.frames.get(&frame_id) {
         Some(f) => Frame {

@@ -33,6 +33,18 @@ impl Columns {
         self
     }
 
+    /// Figures a row may lack (null cells).
+    pub fn opt_ints<T>(
+        mut self,
+        name: &'static str,
+        rows: &[T],
+        f: impl Fn(&T) -> Option<i64>,
+    ) -> Columns {
+        self.0
+            .push((name, Arc::new(rows.iter().map(f).collect::<Int64Array>())));
+        self
+    }
+
     /// Counts and sizes ([`i64_of`]).
     pub fn counts<T>(self, name: &'static str, rows: &[T], f: impl Fn(&T) -> u64) -> Columns {
         self.ints(name, rows, |r| i64_of(f(r)))

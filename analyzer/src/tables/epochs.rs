@@ -38,7 +38,7 @@ use super::columns::html_rows;
 use super::{
     Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
 };
-use crate::replay::{signed, EpochFigures, Profile};
+use crate::replay::{signed, EpochFigures, Memory, Profile};
 use crate::tables::csv::to_csv;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -68,6 +68,10 @@ pub struct EpochRow {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Epochs {
     pub epochs: Vec<EpochRow>,
+    /// What memory the `gpu_*` figures are about; left out of the JSON where the trace does
+    /// not say (a GPU pool, as before format 1.4). The keys keep fastai's names whatever it is.
+    #[serde(skip_serializing_if = "Memory::unspecified")]
+    pub memory: Memory,
 }
 
 /// Python's `int(x / 2**20)`: truncation toward zero.
@@ -146,18 +150,22 @@ pub fn epochs(p: &Profile) -> Epochs {
             .into_iter()
             .filter_map(|k| by_key.remove(&k))
             .collect(),
+        memory: p.memory(),
     }
 }
 
 /// The table as fastprogress prints it (`ConsoleMasterBar.write(line, table=True)` in
 /// fastprogress/fastprogress.py): header names padded to 8 and joined by two spaces; each value
 /// followed by spaces up to its header's width plus two; the header again at each fit. An
-/// epoch the trace ended inside is marked with `*` and a note.
+/// epoch the trace ended inside is marked with `*` and a note. The device columns keep
+/// fastai's `gpu used` where the memory is a GPU's (or the trace does not say), and name what
+/// it is otherwise ([`Memory::epoch_column`]).
 pub fn render_table(e: &Epochs) -> String {
     if e.epochs.is_empty() {
         return "no epochs in this trace (mark them with epoch_begin/epoch_end)\n".into();
     }
-    let names: Vec<String> = ["epoch", "cpu used", "peak", "gpu used", "peak"]
+    let device = format!("{} used", e.memory.epoch_column());
+    let names: Vec<String> = ["epoch", "cpu used", "peak", &device, "peak"]
         .iter()
         .map(|n| format!("{n:<8}"))
         .collect();
@@ -252,6 +260,22 @@ impl Table for Epochs {
     }
 
     fn html(&self) -> Vec<HtmlTable> {
+        // The device columns' labels, worded as the table's ([`Memory::epoch_column`]).
+        let [used, peak, used_bytes, peak_bytes] = match self.memory.epoch_column() {
+            "tensor" => [
+                "tensor used",
+                "tensor peak",
+                "tensor used bytes",
+                "tensor peak bytes",
+            ],
+            "pool" => [
+                "pool used",
+                "pool peak",
+                "pool used bytes",
+                "pool peak bytes",
+            ],
+            _ => ["gpu used", "gpu peak", "gpu used bytes", "gpu peak bytes"],
+        };
         vec![HtmlTable {
             id: "epochs-table",
             title: "epochs",
@@ -260,10 +284,10 @@ impl Table for Epochs {
                 HtmlColumn::new("epoch", "epoch", Cell::Plain),
                 HtmlColumn::new("cpu_used_mb", "cpu used", Cell::Plain),
                 HtmlColumn::new("cpu_peak_mb", "cpu peak", Cell::Plain),
-                HtmlColumn::new("gpu_used_mb", "gpu used", Cell::Plain),
-                HtmlColumn::new("gpu_peak_mb", "gpu peak", Cell::Plain),
-                HtmlColumn::new("gpu_used_bytes", "gpu used bytes", Cell::Count),
-                HtmlColumn::new("gpu_peak_bytes", "gpu peak bytes", Cell::Count),
+                HtmlColumn::new("gpu_used_mb", used, Cell::Plain),
+                HtmlColumn::new("gpu_peak_mb", peak, Cell::Plain),
+                HtmlColumn::new("gpu_used_bytes", used_bytes, Cell::Count),
+                HtmlColumn::new("gpu_peak_bytes", peak_bytes, Cell::Count),
             ],
             rows: html_rows(&self.epochs),
         }]
@@ -362,11 +386,42 @@ mod tests {
         );
     }
 
+    /// Memory that is not a GPU's is not called one; fastai's names stay where it is (or where
+    /// the trace does not say).
+    #[test]
+    fn device_columns_name_the_memory() {
+        use crate::replay::MemoryKind;
+        let header = |kind, observed| {
+            let e = Epochs {
+                epochs: vec![row(&fig(0, 0, 0))],
+                memory: Memory { kind, observed },
+            };
+            render_table(&e)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim_end()
+                .to_string()
+        };
+        let gpu = "epoch     cpu used  peak      gpu used  peak";
+        assert_eq!(header(MemoryKind::Unspecified, false), gpu);
+        assert_eq!(header(MemoryKind::Gpu, true), gpu);
+        assert_eq!(
+            header(MemoryKind::Cpu, true),
+            "epoch     cpu used  peak      tensor used  peak"
+        );
+        assert_eq!(
+            header(MemoryKind::Cpu, false),
+            "epoch     cpu used  peak      pool used  peak"
+        );
+    }
+
     /// fastprogress `ConsoleMasterBar.write(table=True)`.
     #[test]
     fn table_layout() {
         let e = Epochs {
             epochs: vec![row(&fig(0, 80 * MB, 6300 * MB))],
+            memory: Memory::default(),
         };
         assert_eq!(
             render_table(&e),

@@ -1,7 +1,8 @@
 //! The report tables, each computed from a [`Profile`] and printed as its seed prints it:
 //! [`summary`] (the headline), [`functions`] (Chainer's `CupyMemoryProfileHook`), [`lines`]
 //! (CuPy's `LineProfileHook`), [`timers`] (Chainer's link and function `TimerHook`), [`epochs`]
-//! (fastai's `PeakMemMetric`).
+//! (fastai's `PeakMemMetric`), [`categories`] (PyTorch's `MemTracker`: bytes by memory category
+//! and by module).
 //!
 //! Each is one file implementing [`Table`]: how it is computed, printed (table and CSV; JSON is
 //! its `Serialize`), compared by `diff` ([`Table::FIGURES`]), written to the Parquet dataset
@@ -10,6 +11,7 @@
 //! the Parquet dataset take theirs from it. A new table is its file plus one line in that list
 //! (plus its CLI command, golden files and documentation).
 
+pub mod categories;
 pub mod columns;
 pub mod csv;
 pub mod epochs;
@@ -131,12 +133,12 @@ impl<T: Table> TableKind for Kind<T> {
 }
 
 macro_rules! report_tables {
-    ($($field:ident: $ty:ty),* $(,)?) => {
+    ($($(#[$attr:meta])* $field:ident: $ty:ty),* $(,)?) => {
         /// Every table of one profile: what `report` prints (in this order), `diff` compares,
         /// the HTML report shows and the Parquet dataset holds.
         #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
         pub struct Report {
-            $(pub $field: $ty,)*
+            $($(#[$attr])* pub $field: $ty,)*
         }
 
         impl Report {
@@ -167,13 +169,16 @@ macro_rules! report_tables {
     };
 }
 
-// The list of tables.
+// The list of tables. A table that has nothing to show for a trace (categories of a trace
+// without labels) prints nothing in `report` and is left out of its JSON.
 report_tables! {
     summary: summary::Summary,
     functions: functions::Functions,
     lines: lines::Lines,
     timers: timers::Timers,
     epochs: epochs::Epochs,
+    #[serde(skip_serializing_if = "categories::Categories::is_empty")]
+    categories: categories::Categories,
 }
 
 /// The tables' names, in the list's order (`report --table` takes one).
@@ -182,11 +187,13 @@ pub fn names() -> Vec<&'static str> {
 }
 
 impl Report {
-    /// Every table as its seed prints it, the headline first.
+    /// Every table as its seed prints it, the headline first (a table with nothing to show
+    /// prints nothing, not even its blank line).
     pub fn render_table(&self, opts: &ReportOptions) -> String {
         self.tables()
             .iter()
             .map(|t| t.render_table(opts))
+            .filter(|t| !t.is_empty())
             .collect::<Vec<_>>()
             .join("\n")
     }

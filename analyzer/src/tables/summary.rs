@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::render::{humanized, seconds};
 use super::{DiffKey, Figures, Quantity, ReportOptions, Table};
-use crate::replay::{signed, Profile};
+use crate::replay::{signed, Memory, Profile};
 
 /// Headline figures. With several traces (ranks), peaks are the largest rank's and counts
 /// are summed.
@@ -22,6 +22,10 @@ pub struct Summary {
     pub device_allocations: u64,
     pub out_of_memory: u64,
     pub warnings: Vec<String>,
+    /// What memory the figures are about; left out of the JSON where the trace does not say
+    /// (a pool, as before format 1.4).
+    #[serde(skip_serializing_if = "Memory::unspecified")]
+    pub memory: Memory,
 }
 
 pub fn summary(p: &Profile) -> Summary {
@@ -43,6 +47,7 @@ pub fn summary(p: &Profile) -> Summary {
             .iter()
             .flat_map(|s| s.warnings.iter().map(move |w| format!("{}: {w}", s.path)))
             .collect(),
+        memory: p.memory(),
     }
 }
 
@@ -53,14 +58,30 @@ pub fn render_summary(s: &Summary) -> String {
         String::new()
     };
     // Live bytes at the peak first: that is what fills a device. The tables below count
-    // cumulative bytes, which a reader could mistake for it, so the headline says so.
+    // cumulative bytes, which a reader could mistake for it, so the headline says so. Memory
+    // observed outside any pool (PyTorch's tensors) has no pool and nothing held beyond what
+    // is live: the headline says what memory it is instead.
+    let m = &s.memory;
+    let peak = if m.observed {
+        format!(
+            "peak live {} of {} (observed: no pool); {} allocations{ooms}",
+            humanized(s.peak_used_bytes),
+            m.what(),
+            s.total_allocations,
+        )
+    } else {
+        let from = m.pool_source();
+        format!(
+            "peak live {} (the pool held at most {} from {from}); {} allocations ({} from {from}){ooms}",
+            humanized(s.peak_used_bytes),
+            humanized(s.peak_acquired_bytes),
+            s.total_allocations,
+            s.device_allocations,
+        )
+    };
     format!(
-        "peak live {} (the pool held at most {} from the device); {} allocations ({} from the device){ooms}; {} events over {}\n\
+        "{peak}; {} events over {}\n\
          functions and lines below count cumulative bytes: every allocation request, frees not subtracted\n",
-        humanized(s.peak_used_bytes),
-        humanized(s.peak_acquired_bytes),
-        s.total_allocations,
-        s.device_allocations,
         s.events,
         seconds(s.duration_ns),
     )

@@ -5,15 +5,17 @@
 //! into their parents itself, so inclusive values would count every byte once per ancestor.
 //!
 //! Frames read name first, then location (`MLP (src/demo.rs:481)`, see [`frame_display`]), so
-//! that a narrow frame still shows what it is; sanitized so that a name from user code cannot
-//! change how a line parses (see [`frame_label`]).
+//! that a narrow frame still shows what it is (the SVG cuts a long label on the right, keeping
+//! the name); sanitized so that a name from user code cannot change how a line parses (see
+//! [`frame_label`] and [`folded_stack`]).
 
 use std::fmt;
 use std::str::FromStr;
 
 use inferno::flamegraph::color::{BasicPalette, Palette};
-use inferno::flamegraph::{self as inferno_fg, Options};
+use inferno::flamegraph::{self as inferno_fg, Options, TextTruncateDirection};
 
+use crate::read::names::FrameKind;
 use crate::replay::{CallTree, Frame, Profile};
 
 /// What a flamegraph's widths measure.
@@ -113,19 +115,47 @@ pub enum FlameError {
     Render(#[from] std::io::Error),
 }
 
-/// A frame as one folded-stack field. The folded format gives `;` and the last spaces of a line
-/// a meaning, so a name like `step 3` would be read as a count: `;` becomes `:`, and whitespace
-/// becomes U+00A0 (no-break space), which draws the same in the SVG. Other control characters,
-/// which XML 1.0 cannot carry even escaped, become U+FFFD.
+/// A frame as one folded-stack field: [`frame_display`], with the characters that would change
+/// how a folded line parses replaced. The format splits frames at `;` (it becomes `:`), lines at
+/// a newline, and reads the count after a line's last space, so ordinary spaces inside a name
+/// are safe and stay ([`folded_stack`] guards the end of a line). A tab becomes a space; other
+/// control characters, which XML 1.0 cannot carry even escaped, become U+FFFD.
 pub fn frame_label(frame: &Frame) -> String {
     sanitize(&frame_display(frame))
 }
 
 /// A frame as people read it: the scope or function name, then its location:
-/// `MLP (src/demo.rs:481)`. (Reports keyed by location, `lines` and `diff`, keep
+/// `MLP (src/demo.rs:481)`; a file under `site-packages/` or `dist-packages/` is shown from
+/// there (`torch/nn/modules/linear.py:125`). A label (an allocation's memory category) or any
+/// frame without a file is its name alone. (Reports keyed by location, `lines` and `diff`, keep
 /// [`Frame::key`]'s `file:line:name`.)
 pub fn frame_display(frame: &Frame) -> String {
-    format!("{} ({}:{})", frame.name, frame.file, frame.line)
+    if frame.kind == FrameKind::Label || frame.file.is_empty() {
+        return frame.name.to_string();
+    }
+    let file = short_file(&frame.file);
+    if frame.line == 0 {
+        format!("{} ({file})", frame.name)
+    } else {
+        format!("{} ({file}:{})", frame.name, frame.line)
+    }
+}
+
+/// A path as shown in frames: from the package on for a file inside an installed package
+/// (`.../site-packages/torch/nn/modules/conv.py` reads `torch/nn/modules/conv.py`), else as
+/// recorded.
+pub fn short_file(file: &str) -> &str {
+    [
+        "site-packages/",
+        "dist-packages/",
+        "site-packages\\",
+        "dist-packages\\",
+    ]
+    .iter()
+    .filter_map(|m| file.rfind(m).map(|i| i + m.len()))
+    .max()
+    .filter(|&at| at < file.len())
+    .map_or(file, |at| &file[at..])
 }
 
 fn sanitize(field: &str) -> String {
@@ -133,11 +163,45 @@ fn sanitize(field: &str) -> String {
         .chars()
         .map(|c| match c {
             ';' => ':',
-            c if c.is_whitespace() => '\u{a0}',
+            '\t' => ' ',
             c if c.is_control() => '\u{fffd}',
             c => c,
         })
         .collect()
+}
+
+/// Sanitized frames joined into one folded stack, made safe at its ends: flamegraph tools trim
+/// a line and read up to two counts from its end (a differential line has two), so a stack
+/// ending in a space and a number (a scope named `step 3`) would lose its last word to a
+/// count. Spaces at either end, and the space before such a last word, become U+00A0 (no-break
+/// space), which draws the same.
+pub fn folded_stack<'a>(frames: impl IntoIterator<Item = &'a Frame>) -> String {
+    let joined = frames
+        .into_iter()
+        .map(frame_label)
+        .collect::<Vec<_>>()
+        .join(";");
+    guard_ends(joined)
+}
+
+fn guard_ends(stack: String) -> String {
+    let body = stack.trim_matches(' ');
+    let (lead, trail) = (
+        stack.len() - stack.trim_start_matches(' ').len(),
+        stack.len() - stack.trim_end_matches(' ').len(),
+    );
+    let mut body = body.to_string();
+    if let Some(at) = body.rfind(' ') {
+        let last = &body[at + 1..];
+        if !last.is_empty() && last.chars().all(|c| c.is_ascii_digit() || c == '.') {
+            body.replace_range(at..at + 1, "\u{a0}");
+        }
+    }
+    let nbsp = |n: usize| "\u{a0}".repeat(n);
+    if lead == stack.len() {
+        return nbsp(lead);
+    }
+    format!("{}{body}{}", nbsp(lead), nbsp(trail))
 }
 
 /// Folded-stack lines, one per node with a nonzero own amount, in the tree's DFS order (so the
@@ -166,13 +230,9 @@ pub fn folded(profile: &Profile, metric: Metric) -> Vec<String> {
             continue;
         }
         let stack = if i == 0 {
-            sanitize(&tree.nodes[0].frame.name)
+            folded_stack([&tree.nodes[0].frame])
         } else {
-            tree.path(i)
-                .into_iter()
-                .map(frame_label)
-                .collect::<Vec<_>>()
-                .join(";")
+            folded_stack(tree.path(i))
         };
         out.push(format!("{stack} {value}"));
     }
@@ -186,6 +246,8 @@ fn options(metric: Metric, title: &str) -> Options<'static> {
     opt.title = title.to_string();
     opt.count_name = metric.count_name().to_string();
     opt.deterministic = true;
+    // Frames read name first: a frame too narrow for its label keeps the name, not the path.
+    opt.text_truncate_direction = TextTruncateDirection::Right;
     opt.colors = Palette::Basic(match metric {
         Metric::Time => BasicPalette::Hot,
         _ => BasicPalette::Mem,
@@ -246,4 +308,72 @@ pub fn differential_svg(
     }
     let lines = diff_folded(&folded(base, metric), &new_lines)?;
     render(lines, &mut options(metric, title))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read::names::Phase;
+
+    fn frame(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
+        Frame {
+            kind,
+            phase: Phase::None,
+            file: file.into(),
+            line,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn labels_and_frames_without_a_file_read_as_their_name() {
+        assert_eq!(
+            frame_display(&frame(FrameKind::Label, "", 0, "activation")),
+            "activation"
+        );
+        assert_eq!(
+            frame_display(&frame(FrameKind::Function, "", 0, "aten::addmm")),
+            "aten::addmm"
+        );
+        assert_eq!(
+            frame_display(&frame(FrameKind::Link, "model.py", 12, "Linear")),
+            "Linear (model.py:12)"
+        );
+        assert_eq!(
+            frame_display(&frame(FrameKind::Link, "model.py", 0, "Linear")),
+            "Linear (model.py)"
+        );
+    }
+
+    #[test]
+    fn installed_packages_show_from_the_package_on() {
+        let conv = "/venv/lib/python3.11/site-packages/torch/nn/modules/conv.py";
+        assert_eq!(short_file(conv), "torch/nn/modules/conv.py");
+        assert_eq!(
+            short_file("/usr/lib/python3/dist-packages/numpy/core.py"),
+            "numpy/core.py"
+        );
+        assert_eq!(
+            short_file(r"C:\py\Lib\site-packages\torch\nn\functional.py"),
+            r"torch\nn\functional.py"
+        );
+        // The last marker counts; a path that ends at one, or has none, stays.
+        assert_eq!(short_file("/a/site-packages/b/site-packages/c.py"), "c.py");
+        assert_eq!(short_file("/a/site-packages/"), "/a/site-packages/");
+        assert_eq!(short_file("src/model.rs"), "src/model.rs");
+    }
+
+    /// inferno's `rfind_samples`: the count is what follows a line's last space, and a
+    /// differential line has a second one before it.
+    #[test]
+    fn a_stack_never_ends_in_what_reads_as_a_count() {
+        let f = |name: &str| folded_stack([&frame(FrameKind::Scope, "", 0, name)]);
+        assert_eq!(f("step 3"), "step\u{a0}3");
+        assert_eq!(f("lr 0.5"), "lr\u{a0}0.5");
+        assert_eq!(f("warm up"), "warm up");
+        assert_eq!(f(" pad "), "\u{a0}pad\u{a0}");
+        assert_eq!(f("a 5 "), "a\u{a0}5\u{a0}");
+        assert_eq!(f("   "), "\u{a0}\u{a0}\u{a0}");
+        assert_eq!(f("x;y\tz\u{7}"), "x:y z\u{fffd}");
+    }
 }

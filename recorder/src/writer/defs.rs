@@ -12,7 +12,7 @@ use poolsight_schema::{align8, fb};
 
 use super::chunk::write_sealed;
 use super::Shared;
-use crate::kinds::{FrameKind, Phase};
+use crate::kinds::{DeviceKind, FrameKind, Phase};
 use poolsight_schema::finish_chunk;
 
 /// A frame as the trace stores it: `file:line:name`, plus what opened it.
@@ -33,6 +33,26 @@ pub struct DeviceInfo {
     pub capacity: u64,
     /// The pool's rounding unit (512 for the CuPy-style pool).
     pub allocation_unit: u64,
+    /// What memory the events are about: reports use the words that fit (`Unspecified`, the
+    /// default, for a pool's device: they speak of a GPU pool).
+    pub kind: DeviceKind,
+    /// True when the events observe an allocator from outside, with no pool of poolsight's
+    /// (each block acquired when allocated, released when freed).
+    pub observed: bool,
+}
+
+impl DeviceInfo {
+    /// A pool's device: `Unspecified` kind, not observed.
+    pub fn pool(id: u32, name: impl Into<String>, capacity: u64, allocation_unit: u64) -> Self {
+        DeviceInfo {
+            id,
+            name: name.into(),
+            capacity,
+            allocation_unit,
+            kind: DeviceKind::Unspecified,
+            observed: false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -224,6 +244,8 @@ pub(crate) fn build_device<'a>(
             name: Some(name),
             capacity: d.capacity,
             allocation_unit: d.allocation_unit,
+            kind: d.kind.into(),
+            observed: d.observed,
         },
     )
 }

@@ -8,6 +8,8 @@ pub mod poolsight {
     pub use self::mode_generated::*;
     mod cpu_source_generated;
     pub use self::cpu_source_generated::*;
+    mod device_kind_generated;
+    pub use self::device_kind_generated::*;
     mod chunk_state_generated;
     pub use self::chunk_state_generated::*;
     mod chunk_body_generated;

@@ -22,6 +22,8 @@ impl<'a> DeviceDef<'a> {
   pub const VT_NAME: ::flatbuffers::VOffsetT = 6;
   pub const VT_CAPACITY: ::flatbuffers::VOffsetT = 8;
   pub const VT_ALLOCATION_UNIT: ::flatbuffers::VOffsetT = 10;
+  pub const VT_KIND: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OBSERVED: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -37,6 +39,8 @@ impl<'a> DeviceDef<'a> {
     builder.add_capacity(args.capacity);
     if let Some(x) = args.name { builder.add_name(x); }
     builder.add_id(args.id);
+    builder.add_observed(args.observed);
+    builder.add_kind(args.kind);
     builder.finish()
   }
 
@@ -69,6 +73,20 @@ impl<'a> DeviceDef<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(DeviceDef::VT_ALLOCATION_UNIT, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn kind(&self) -> DeviceKind {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<DeviceKind>(DeviceDef::VT_KIND, Some(DeviceKind::Unspecified)).unwrap()}
+  }
+  #[inline]
+  pub fn observed(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(DeviceDef::VT_OBSERVED, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for DeviceDef<'_> {
@@ -81,6 +99,8 @@ impl ::flatbuffers::Verifiable for DeviceDef<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
      .visit_field::<u64>("capacity", Self::VT_CAPACITY, false)?
      .visit_field::<u64>("allocation_unit", Self::VT_ALLOCATION_UNIT, false)?
+     .visit_field::<DeviceKind>("kind", Self::VT_KIND, false)?
+     .visit_field::<bool>("observed", Self::VT_OBSERVED, false)?
      .finish();
     Ok(())
   }
@@ -90,6 +110,8 @@ pub struct DeviceDefArgs<'a> {
     pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub capacity: u64,
     pub allocation_unit: u64,
+    pub kind: DeviceKind,
+    pub observed: bool,
 }
 impl<'a> Default for DeviceDefArgs<'a> {
   #[inline]
@@ -99,6 +121,8 @@ impl<'a> Default for DeviceDefArgs<'a> {
       name: None,
       capacity: 0,
       allocation_unit: 0,
+      kind: DeviceKind::Unspecified,
+      observed: false,
     }
   }
 }
@@ -125,6 +149,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeviceDefBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(DeviceDef::VT_ALLOCATION_UNIT, allocation_unit, 0);
   }
   #[inline]
+  pub fn add_kind(&mut self, kind: DeviceKind) {
+    self.fbb_.push_slot::<DeviceKind>(DeviceDef::VT_KIND, kind, DeviceKind::Unspecified);
+  }
+  #[inline]
+  pub fn add_observed(&mut self, observed: bool) {
+    self.fbb_.push_slot::<bool>(DeviceDef::VT_OBSERVED, observed, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeviceDefBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     DeviceDefBuilder {
@@ -146,6 +178,8 @@ impl ::core::fmt::Debug for DeviceDef<'_> {
       ds.field("name", &self.name());
       ds.field("capacity", &self.capacity());
       ds.field("allocation_unit", &self.allocation_unit());
+      ds.field("kind", &self.kind());
+      ds.field("observed", &self.observed());
       ds.finish()
   }
 }

@@ -5,15 +5,16 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_FRAME_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_FRAME_KIND: u8 = 4;
+pub const ENUM_MAX_FRAME_KIND: u8 = 5;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_FRAME_KIND: [FrameKind; 5] = [
+pub const ENUM_VALUES_FRAME_KIND: [FrameKind; 6] = [
   FrameKind::Site,
   FrameKind::Function,
   FrameKind::Link,
   FrameKind::Scope,
   FrameKind::Foreign,
+  FrameKind::Label,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -26,15 +27,17 @@ impl FrameKind {
   pub const Link: Self = Self(2);
   pub const Scope: Self = Self(3);
   pub const Foreign: Self = Self(4);
+  pub const Label: Self = Self(5);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 4;
+  pub const ENUM_MAX: u8 = 5;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Site,
     Self::Function,
     Self::Link,
     Self::Scope,
     Self::Foreign,
+    Self::Label,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -44,6 +47,7 @@ impl FrameKind {
       Self::Link => Some("Link"),
       Self::Scope => Some("Scope"),
       Self::Foreign => Some("Foreign"),
+      Self::Label => Some("Label"),
       _ => None,
     }
   }

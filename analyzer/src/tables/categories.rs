@@ -1,0 +1,525 @@
+//! `categories`: bytes by memory category and by module, the breakdown PyTorch's `MemTracker`
+//! gives (torch/distributed/_tools/mem_tracker.py), from a trace whose allocations carry labels
+//! (`poolsight.torch.track`).
+//!
+//! - **Categories**: each allocation's category is the innermost `Label` frame of its stack
+//!   (`parameter`, `buffer`, `gradient`, `activation`, `temporary`, `optimizer_state`, ...;
+//!   none: `(unlabelled)`). Per category: its live bytes at the trace's peak of live bytes (the
+//!   column adds up to the headline's peak), its own highest and at the end. `MemTracker`
+//!   prints such a breakdown at its current and peak snapshots (`display_snapshot`).
+//! - **Modules**: each chain of link scopes (`Sequential/Linear`) with its completed calls and,
+//!   for the call whose peak was highest, the live bytes as it began, as it ended and at its
+//!   peak: `MemTracker`'s Pre-Forward, Post-Forward and Peak-Forward totals
+//!   (`display_modulewise_snapshots`), exact from the events rather than snapshots in hooks.
+//!   Where it differs: modules are named by class path, not by attribute path
+//!   (`Sequential/Linear`, not `0`), so sibling modules of one class share a row; one row per
+//!   module, its highest call, where `MemTracker` lists every call; no Pre/Post-Backward
+//!   snapshots (the trace has no backward module scopes), but `Backward`: the bytes allocated by
+//!   backward operators under the module (backward-phase function frames below its link frame,
+//!   cumulative, as `functions` counts); and `LiveAtPeak`: its bytes (its submodules' included)
+//!   still live at the trace's peak.
+//!
+//! `report` shows this table only for traces whose allocations carry labels (a replay computes
+//! it for them; `poolsight categories` for any trace). Several traces (ranks) merge: `AtPeak`
+//! and `LiveAtPeak` are the rank whose peak is the headline's (so they still add up to it), the
+//! other figures the largest of any rank, calls and backward bytes summed.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
+
+use super::columns::html_rows;
+use super::{
+    Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
+};
+use crate::read::names::{FrameKind, Phase};
+use crate::replay::{signed, CallBytes, CallTree, Frame, Profile};
+use crate::tables::csv::to_csv;
+use crate::tables::render::humanized;
+use crate::views::flamegraph::short_file;
+
+/// What the categories of allocations without a label are called.
+pub const UNLABELLED: &str = "(unlabelled)";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Categories {
+    /// The peak of live bytes the `at_peak_bytes` add up to.
+    pub peak_used_bytes: u64,
+    pub categories: Vec<CategoryRow>,
+    pub modules: Vec<ModuleRow>,
+    /// Whether any trace's replay computed them (`report` leaves the table out otherwise).
+    #[serde(skip)]
+    pub computed: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CategoryRow {
+    /// The label, or `(unlabelled)`.
+    pub category: String,
+    pub at_peak_bytes: u64,
+    pub max_bytes: u64,
+    /// When the category reached `max_bytes`, ns since its trace's start.
+    pub max_ns: u64,
+    pub at_end_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ModuleRow {
+    /// Its link names from the outermost, joined by `/`.
+    pub module: String,
+    /// How many modules enclose it (0 for an outermost one).
+    pub depth: u32,
+    /// Where its innermost link frame was opened (a file in an installed package from the
+    /// package on).
+    pub file: String,
+    pub line: u32,
+    pub calls: u64,
+    /// Live bytes as its highest call began, as it ended, and at that call's peak; `null`
+    /// for a module never called (seen only in allocations' stacks).
+    pub before_bytes: Option<i64>,
+    pub after_bytes: Option<i64>,
+    pub peak_bytes: Option<i64>,
+    pub peak_call_begin_ns: Option<u64>,
+    pub peak_call_end_ns: Option<u64>,
+    /// Bytes allocated by backward operators under it, cumulative.
+    pub backward_bytes: u64,
+    /// Its bytes (its submodules' included) live at the trace's peak.
+    pub live_at_peak_bytes: u64,
+}
+
+impl Categories {
+    /// Whether there is nothing to show: no trace's replay computed categories.
+    pub fn is_empty(&self) -> bool {
+        !self.computed
+    }
+
+    /// Whether any allocation carried a label.
+    pub fn labelled(&self) -> bool {
+        self.categories.iter().any(|c| c.category != UNLABELLED)
+    }
+}
+
+pub fn categories(p: &Profile) -> Categories {
+    let computed: Vec<(usize, &crate::replay::CategoryFigures)> = p
+        .sources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.categories.as_ref().map(|c| (i, c)))
+        .collect();
+    if computed.is_empty() {
+        return Categories::default();
+    }
+    // The rank whose peak is the headline's: its figures at the peak add up to it.
+    let peak_source = computed
+        .iter()
+        .map(|&(i, _)| i)
+        .max_by_key(|&i| (p.sources[i].pool.peak_used_bytes, std::cmp::Reverse(i)))
+        .unwrap_or(0);
+    let peak_used_bytes = p.sources[peak_source].pool.peak_used_bytes;
+
+    let mut cats: Vec<CategoryRow> = Vec::new();
+    for &(i, figures) in &computed {
+        for c in &figures.categories {
+            let name = c.name.as_deref().unwrap_or(UNLABELLED);
+            let at = match cats.iter().position(|r| r.category == name) {
+                Some(at) => at,
+                None => {
+                    cats.push(CategoryRow {
+                        category: name.to_string(),
+                        ..CategoryRow::default()
+                    });
+                    cats.len() - 1
+                }
+            };
+            let r = &mut cats[at];
+            if i == peak_source {
+                r.at_peak_bytes = c.at_peak_bytes;
+            }
+            if c.max_bytes > r.max_bytes {
+                (r.max_bytes, r.max_ns) = (c.max_bytes, c.max_ns);
+            }
+            r.at_end_bytes = r.at_end_bytes.max(c.at_end_bytes);
+        }
+    }
+    // Unlabelled last, whatever rank first had it.
+    cats.sort_by_key(|c| c.category == UNLABELLED);
+
+    let backward = backward_bytes(&p.tree);
+    let mut modules: Vec<(Vec<Frame>, ModuleRow)> = Vec::new();
+    let mut index: HashMap<Vec<Frame>, usize> = HashMap::new();
+    for &(i, figures) in &computed {
+        for m in &figures.modules {
+            let at = *index.entry(m.path.clone()).or_insert_with(|| {
+                modules.push((m.path.clone(), module_row(&m.path)));
+                modules.len() - 1
+            });
+            let r = &mut modules[at].1;
+            r.calls += m.calls;
+            if i == peak_source {
+                r.live_at_peak_bytes = m.live_at_peak_bytes;
+            }
+            if let Some(c) = m.peak_call {
+                if r.peak_bytes.is_none_or(|p| c.peak_bytes > p) {
+                    set_peak_call(r, &c);
+                }
+            }
+        }
+    }
+    for (path, r) in &mut modules {
+        r.backward_bytes = backward.get(path).copied().unwrap_or(0);
+    }
+    Categories {
+        peak_used_bytes,
+        categories: cats,
+        modules: in_tree_order(modules),
+        computed: true,
+    }
+}
+
+fn module_row(path: &[Frame]) -> ModuleRow {
+    let last = path.last();
+    ModuleRow {
+        module: path
+            .iter()
+            .map(|f| f.name.as_ref())
+            .collect::<Vec<_>>()
+            .join("/"),
+        depth: path.len().saturating_sub(1) as u32,
+        file: last.map_or("", |f| short_file(&f.file)).to_string(),
+        line: last.map_or(0, |f| f.line),
+        ..ModuleRow::default()
+    }
+}
+
+fn set_peak_call(r: &mut ModuleRow, c: &CallBytes) {
+    r.before_bytes = Some(c.before_bytes);
+    r.after_bytes = Some(c.after_bytes);
+    r.peak_bytes = Some(c.peak_bytes);
+    r.peak_call_begin_ns = Some(c.begin_ns);
+    r.peak_call_end_ns = Some(c.end_ns);
+}
+
+/// Bytes allocated by backward operators under each module: a request whose stack has a
+/// backward-phase function frame counts for every link frame above that frame's innermost
+/// one (its module and their callers).
+fn backward_bytes(tree: &CallTree) -> HashMap<Vec<Frame>, u64> {
+    let mut out: HashMap<Vec<Frame>, u64> = HashMap::new();
+    for (i, n) in tree.nodes.iter().enumerate().skip(1) {
+        let bytes = n.agg.used_bytes.saturating_sub(n.agg.failed_used_bytes);
+        if bytes == 0 {
+            continue;
+        }
+        let path = tree.path(i);
+        let Some(backward) = path
+            .iter()
+            .rposition(|f| f.kind == FrameKind::Function && f.phase == Phase::Backward)
+        else {
+            continue;
+        };
+        let mut links: Vec<Frame> = Vec::new();
+        for f in &path[..backward] {
+            if f.kind == FrameKind::Link {
+                links.push((*f).clone());
+                let e = out.entry(links.clone()).or_default();
+                *e = e.saturating_add(bytes);
+            }
+        }
+    }
+    out
+}
+
+/// Modules in first-seen order, rearranged so that each is followed by the modules it calls
+/// (a module is seen no later than those it calls).
+fn in_tree_order(modules: Vec<(Vec<Frame>, ModuleRow)>) -> Vec<ModuleRow> {
+    let index: HashMap<&[Frame], usize> = modules
+        .iter()
+        .enumerate()
+        .map(|(i, (p, _))| (p.as_slice(), i))
+        .collect();
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); modules.len()];
+    let mut roots = Vec::new();
+    for (i, (path, _)) in modules.iter().enumerate() {
+        match path
+            .len()
+            .checked_sub(1)
+            .and_then(|n| index.get(&path[..n]))
+        {
+            Some(&parent) if parent != i => children[parent].push(i),
+            _ => roots.push(i),
+        }
+    }
+    let mut order = Vec::with_capacity(modules.len());
+    let mut stack: Vec<usize> = roots.into_iter().rev().collect();
+    while let Some(i) = stack.pop() {
+        order.push(i);
+        stack.extend(children[i].iter().rev());
+    }
+    let mut rows: Vec<Option<ModuleRow>> = modules.into_iter().map(|(_, r)| Some(r)).collect();
+    order.into_iter().filter_map(|i| rows[i].take()).collect()
+}
+
+fn bytes_cell(b: Option<i64>) -> String {
+    match b {
+        Some(b) if b < 0 => format!("-{}", humanized(b.unsigned_abs())),
+        Some(b) => humanized(b as u64),
+        None => "-".into(),
+    }
+}
+
+/// Columns two spaces apart, the first left-aligned (names, indented), the others right.
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|s| s.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (s, w))| {
+                if i == 0 {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+pub fn render_table(t: &Categories) -> String {
+    if t.is_empty() {
+        return String::new();
+    }
+    let mut out = String::new();
+    if t.labelled() {
+        let mut rows = vec![vec![
+            "Category".to_string(),
+            "AtPeak".into(),
+            "OwnMax".into(),
+            "AtEnd".into(),
+        ]];
+        for c in &t.categories {
+            rows.push(vec![
+                c.category.clone(),
+                humanized(c.at_peak_bytes),
+                humanized(c.max_bytes),
+                humanized(c.at_end_bytes),
+            ]);
+        }
+        let sum = |f: fn(&CategoryRow) -> u64| {
+            t.categories
+                .iter()
+                .fold(0u64, |s, c| s.saturating_add(f(c)))
+        };
+        rows.push(vec![
+            "all".into(),
+            humanized(sum(|c| c.at_peak_bytes)),
+            "-".into(),
+            humanized(sum(|c| c.at_end_bytes)),
+        ]);
+        out.push_str(&table(&rows));
+    } else {
+        out.push_str(
+            "no memory categories in this trace (poolsight.torch.track() labels each allocation)\n",
+        );
+    }
+    out.push('\n');
+    if t.modules.is_empty() {
+        out.push_str("no module (link) scopes in this trace\n");
+        return out;
+    }
+    let mut rows = vec![[
+        "Module",
+        "Calls",
+        "PreForward",
+        "PostForward",
+        "PeakForward",
+        "Backward",
+        "LiveAtPeak",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for m in &t.modules {
+        let name = m.module.rsplit('/').next().unwrap_or(&m.module);
+        rows.push(vec![
+            format!("{}{name}", "  ".repeat(m.depth as usize)),
+            m.calls.to_string(),
+            bytes_cell(m.before_bytes),
+            bytes_cell(m.after_bytes),
+            bytes_cell(m.peak_bytes),
+            humanized(m.backward_bytes),
+            humanized(m.live_at_peak_bytes),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    out
+}
+
+/// A CSV row: categories and modules in one table, told apart by `kind`.
+#[derive(Default, Serialize)]
+struct CsvRow<'a> {
+    kind: &'a str,
+    name: &'a str,
+    at_peak_bytes: Option<u64>,
+    max_bytes: Option<u64>,
+    max_ns: Option<u64>,
+    at_end_bytes: Option<u64>,
+    calls: Option<u64>,
+    before_bytes: Option<i64>,
+    after_bytes: Option<i64>,
+    peak_bytes: Option<i64>,
+    backward_bytes: Option<u64>,
+    live_at_peak_bytes: Option<u64>,
+}
+
+fn csv_rows(t: &Categories) -> Vec<CsvRow<'_>> {
+    let cats = t.categories.iter().map(|c| CsvRow {
+        kind: "category",
+        name: &c.category,
+        at_peak_bytes: Some(c.at_peak_bytes),
+        max_bytes: Some(c.max_bytes),
+        max_ns: Some(c.max_ns),
+        at_end_bytes: Some(c.at_end_bytes),
+        ..CsvRow::default()
+    });
+    let modules = t.modules.iter().map(|m| CsvRow {
+        kind: "module",
+        name: &m.module,
+        calls: Some(m.calls),
+        before_bytes: m.before_bytes,
+        after_bytes: m.after_bytes,
+        peak_bytes: m.peak_bytes,
+        backward_bytes: Some(m.backward_bytes),
+        live_at_peak_bytes: Some(m.live_at_peak_bytes),
+        ..CsvRow::default()
+    });
+    cats.chain(modules).collect()
+}
+
+pub fn render_csv(t: &Categories) -> String {
+    to_csv(&csv_rows(t))
+}
+
+impl Table for Categories {
+    const NAME: &'static str = "categories";
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::scoped("category", "peak", Quantity::Bytes),
+        DiffKey::scoped("category", "max", Quantity::Bytes),
+        DiffKey::scoped("module", "peak", Quantity::Bytes),
+    ];
+
+    fn compute(p: &Profile, _: &ReportOptions) -> Categories {
+        categories(p)
+    }
+
+    fn render_table(&self, _: &ReportOptions) -> String {
+        render_table(self)
+    }
+
+    fn render_csv(&self) -> String {
+        render_csv(self)
+    }
+
+    fn figures(&self, out: &mut Figures) {
+        for c in &self.categories {
+            out.scoped::<Self>("category", &c.category, "peak", signed(c.at_peak_bytes));
+            out.scoped::<Self>("category", &c.category, "max", signed(c.max_bytes));
+        }
+        for m in &self.modules {
+            if let Some(peak) = m.peak_bytes {
+                out.scoped::<Self>("module", &m.module, "peak", peak);
+            }
+        }
+    }
+
+    /// Categories and modules, `kind` `category` or `module`, as the CSV.
+    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let rows = csv_rows(self);
+        let u = |v: Option<u64>| v.map(crate::tables::columns::i64_of);
+        Columns::default()
+            .numbered("row", rows.len())
+            .strs("kind", &rows, |r| r.kind)
+            .strs("name", &rows, |r| r.name)
+            .opt_ints("at_peak_bytes", &rows, |r| u(r.at_peak_bytes))
+            .opt_ints("max_bytes", &rows, |r| u(r.max_bytes))
+            .opt_ints("max_ns", &rows, |r| u(r.max_ns))
+            .opt_ints("at_end_bytes", &rows, |r| u(r.at_end_bytes))
+            .opt_ints("calls", &rows, |r| u(r.calls))
+            .opt_ints("before_bytes", &rows, |r| r.before_bytes)
+            .opt_ints("after_bytes", &rows, |r| r.after_bytes)
+            .opt_ints("peak_bytes", &rows, |r| r.peak_bytes)
+            .opt_ints("backward_bytes", &rows, |r| u(r.backward_bytes))
+            .opt_ints("live_at_peak_bytes", &rows, |r| u(r.live_at_peak_bytes))
+            .batch()
+            .map(Some)
+    }
+
+    fn html(&self) -> Vec<HtmlTable> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        let mut tables = Vec::new();
+        if self.labelled() {
+            tables.push(HtmlTable {
+                id: "categories-table",
+                title: "categories",
+                note: "PyTorch MemTracker's categories; at the peak, each one's own maximum, at the end",
+                columns: vec![
+                    HtmlColumn::new("category", "Category", Cell::Text),
+                    HtmlColumn::new("at_peak_bytes", "AtPeak", Cell::Bytes),
+                    HtmlColumn::new("max_bytes", "OwnMax", Cell::Bytes),
+                    HtmlColumn::new("max_ns", "OwnMaxAt", Cell::Duration),
+                    HtmlColumn::new("at_end_bytes", "AtEnd", Cell::Bytes),
+                ],
+                rows: html_rows(&self.categories),
+            });
+        }
+        if !self.modules.is_empty() {
+            // Modules keep their tree's shape in the name column, as `lines` does.
+            let rows = self
+                .modules
+                .iter()
+                .map(|m| {
+                    let mut v = serde_json::to_value(m).unwrap_or(serde_json::Value::Null);
+                    let name = m.module.rsplit('/').next().unwrap_or(&m.module);
+                    v["name"] = format!("{}{name}", "\u{a0}\u{a0}".repeat(m.depth as usize)).into();
+                    v
+                })
+                .collect();
+            tables.push(HtmlTable {
+                id: "modules-table",
+                title: "modules",
+                note: "MemTracker's Pre/Post/Peak-Forward of each module's highest call; bytes its backward allocated; live at the peak",
+                columns: vec![
+                    HtmlColumn::new("name", "Module", Cell::Stack),
+                    HtmlColumn::new("calls", "Calls", Cell::Count),
+                    HtmlColumn::new("before_bytes", "PreForward", Cell::Bytes),
+                    HtmlColumn::new("after_bytes", "PostForward", Cell::Bytes),
+                    HtmlColumn::new("peak_bytes", "PeakForward", Cell::Bytes),
+                    HtmlColumn::new("backward_bytes", "Backward", Cell::Bytes),
+                    HtmlColumn::new("live_at_peak_bytes", "LiveAtPeak", Cell::Bytes),
+                ],
+                rows,
+            });
+        }
+        tables
+    }
+}

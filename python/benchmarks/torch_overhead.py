@@ -1,0 +1,186 @@
+"""What recording a PyTorch training epoch costs, against PyTorch's own memory tools, in one run.
+
+A CNN + Transformer-encoder classifier, AdamW, synthetic images, on CPU (one intra-op thread so
+that the figures are CPU time of one core). Each variant trains one epoch; the variants are
+alternated, repeat after repeat, and the medians are compared with the plain epoch:
+
+- ``plain``: no recording;
+- ``track``, ``hook``, ``track+hook``: ``poolsight.torch.track(model, optimizer)`` and
+  ``poolsight.torch.hook(model)``, alone and together, as the README shows them;
+- ``MemTracker``: ``torch.distributed._tools.mem_tracker.MemTracker`` (PyTorch's per-category
+  tracker), the step inside it;
+- ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``.
+
+    python python/benchmarks/torch_overhead.py [--repeats 7] [--steps 12] [--profile]
+
+``--profile`` runs ``track+hook`` once more under cProfile and prints where its time goes.
+Nothing is asserted: the figures are printed, with the machine's load next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+import poolsight
+import poolsight.torch
+
+
+class Net(nn.Module):
+    """A small CNN stem, a Transformer encoder over the feature map's positions, a classifier."""
+
+    def __init__(self, width: int = 64, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)  # (B, C, H, W)
+        h = h.flatten(2).transpose(1, 2)  # (B, H*W, C)
+        h = self.encoder(h)
+        return self.head(h.mean(dim=1))
+
+
+def make(seed: int = 0):
+    torch.manual_seed(seed)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images = torch.randn(512, 3, 32, 32)
+    labels = torch.randint(0, 10, (512,))
+    return model, optimizer, images, labels
+
+
+def epoch(model, optimizer, images, labels, steps: int, batch: int = 32, after_step=None) -> float:
+    model.train()
+    total = 0.0
+    for i in range(steps):
+        idx = torch.arange(i * batch, (i + 1) * batch) % images.shape[0]
+        x, y = images[idx], labels[idx]
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+        if after_step is not None:
+            after_step()
+    return total
+
+
+def variants(tmp: str):
+    """name -> a function(model, optimizer) returning a context manager around one epoch."""
+    counter = iter(range(1 << 30))
+
+    @contextlib.contextmanager
+    def recorded(model, optimizer, track: bool, hook: bool):
+        path = os.path.join(tmp, f"run-{next(counter)}.pstrace")
+        with poolsight.record(path), contextlib.ExitStack() as stack:
+            if track:
+                stack.enter_context(poolsight.torch.track(model, optimizer))
+            if hook:
+                stack.enter_context(poolsight.torch.hook(model))
+            yield
+        os.remove(path)
+
+    @contextlib.contextmanager
+    def memtracker(model, optimizer):
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        mt = MemTracker()
+        mt.track_external(model, optimizer)
+        with mt:
+            # MemTracker keeps per-module figures of one iteration: reset after each step, as
+            # its documentation asks for a training loop.
+            yield mt.reset_mod_stats
+
+    @contextlib.contextmanager
+    def profiler(model, optimizer):
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            profile_memory=True,
+            with_stack=True,
+        ):
+            yield
+
+    return {
+        "plain": lambda m, o: contextlib.nullcontext(),
+        "track": lambda m, o: recorded(m, o, True, False),
+        "hook": lambda m, o: recorded(m, o, False, True),
+        "track+hook": lambda m, o: recorded(m, o, True, True),
+        "MemTracker": memtracker,
+        "profiler": profiler,
+    }
+
+
+def run_once(ctx_of, steps: int) -> tuple[float, float]:
+    model, optimizer, images, labels = make()
+    # Warm-up step outside the measurement (first-call costs of every op and of AdamW's state).
+    epoch(model, optimizer, images, labels, 1)
+    c0, w0 = time.process_time(), time.perf_counter()
+    with ctx_of(model, optimizer) as after_step:
+        epoch(model, optimizer, images, labels, steps, after_step=after_step)
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
+    ap.add_argument("--profile", action="store_true", help="cProfile track+hook once")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        table = variants(tmp)
+        names = args.only or list(table)
+        if "plain" not in names:
+            names.insert(0, "plain")
+        cpu: dict[str, list[float]] = {n: [] for n in names}
+        wall: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(args.repeats):
+            # Alternate the order so that drift in the machine's load spreads over all.
+            order = names if r % 2 == 0 else list(reversed(names))
+            for n in order:
+                c, w = run_once(table[n], args.steps)
+                cpu[n].append(c)
+                wall[n].append(w)
+        base = statistics.median(cpu["plain"])
+        print(
+            f"torch {torch.__version__}, {args.steps} steps of 32 images per epoch, "
+            f"medians of {args.repeats} alternated repeats, 1 intra-op thread, "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
+        print(f"{'variant':<12} {'CPU s':>8} {'wall s':>8} {'x plain (CPU)':>14}")
+        for n in names:
+            c, w = statistics.median(cpu[n]), statistics.median(wall[n])
+            print(f"{n:<12} {c:>8.3f} {w:>8.3f} {c / base:>14.2f}")
+        if args.profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            run_once(table["track+hook"], args.steps)
+            prof.disable()
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
