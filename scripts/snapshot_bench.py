@@ -1,8 +1,8 @@
 """Reading a PyTorch memory snapshot: poolsight against PyTorch's own ``_memory_viz``.
 
 Writes a snapshot in the layout of ``torch.cuda.memory._snapshot()`` (``--entries`` trace
-entries with ``--depth`` frames each; tracebacks shared as PyTorch shares them, a few
-thousand distinct ones; blocks live at the end in ``segments``), pickled as
+entries with ``--depth`` frames each, a few thousand distinct tracebacks, each entry with
+frame dicts of its own as in PyTorch's snapshots; blocks live at the end in ``segments``), pickled as
 ``_dump_snapshot`` does, then times, on the same file:
 
 - poolsight: ``import`` (MB/s of pickle, peak memory), ``report`` on the snapshot and on the
@@ -38,11 +38,17 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
     tracebacks = [
         [frame_pool[rng.randrange(len(frame_pool))] for _ in range(depth)] for _ in range(stacks)
     ]
+
+    def frames() -> list:
+        # Each entry has frame dicts of its own, as in PyTorch's snapshots (only the strings
+        # are shared), so the pickle holds every frame: about 1 KB per entry at 50 frames.
+        return [dict(f) for f in rng.choice(tracebacks)]
+
     base = 0x7F0000000000
     trace, live, t = [], {}, 1_700_000_000_000_000
     trace.append(
         {"action": "segment_alloc", "addr": base, "size": 1 << 34, "stream": 0, "time_us": t,
-         "frames": rng.choice(tracebacks)}
+         "frames": frames()}
     )
     next_addr = base
     while len(trace) < entries:
@@ -53,7 +59,7 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
             for action in ("free_requested", "free_completed"):
                 trace.append(
                     {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
-                     "frames": rng.choice(tracebacks)}
+                     "frames": frames()}
                 )
         else:
             size = 512 * rng.randrange(1, 4096)
@@ -62,7 +68,7 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
             live[addr] = size
             trace.append(
                 {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t,
-                 "frames": rng.choice(tracebacks)}
+                 "frames": frames()}
             )
     total = next_addr - base
     trace[0]["size"] = total
@@ -72,7 +78,7 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
             blocks.append({"address": addr, "size": a - addr, "requested_size": 0,
                            "state": "inactive", "frames": []})
         blocks.append({"address": a, "size": live[a], "requested_size": live[a],
-                       "state": "active_allocated", "frames": rng.choice(tracebacks)})
+                       "state": "active_allocated", "frames": frames()})
         addr = a + live[a]
     if base + total > addr:
         blocks.append({"address": addr, "size": base + total - addr, "requested_size": 0,

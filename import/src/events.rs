@@ -102,6 +102,23 @@ pub fn step_number(name: &str) -> Option<u32> {
     name.strip_prefix("ProfilerStep#")?.parse().ok()
 }
 
+/// The text of a string node, or `absent` (no node, or not a string).
+fn text<'p>(p: &'p Pickle<'_>, node: u32, absent: &'static str) -> &'p str {
+    if node == u32::MAX {
+        return absent;
+    }
+    p.str(node).unwrap_or(absent)
+}
+
+/// A snapshot frame by its pickle nodes: `name` and `filename` string nodes (`u32::MAX`:
+/// absent, read as `?` and `??`) and its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FrameKey {
+    name: u32,
+    file: u32,
+    line: u32,
+}
+
 /// Everything a conversion produced, ready to write.
 pub struct Events {
     pub filter: FrameFilter,
@@ -112,6 +129,14 @@ pub struct Events {
     /// The frames of each stack, outermost first.
     pub stacks: Vec<Vec<Frame>>,
     by_key: FxHashMap<(u32, u32, bool), Stack>,
+    /// Stacks by the pickle nodes of their kept frames ([`FrameKey`]s): a snapshot gives every
+    /// entry frame dicts of its own but shares their strings (memoized), so most stacks are
+    /// found here without reading a string.
+    by_nodes: FxHashMap<(Vec<FrameKey>, u32, bool), Stack>,
+    /// Which field of a frame dict a key node is (0 none, 1 `name`, 2 `filename`, 3 `line`).
+    field_of_key: FxHashMap<u32, u8>,
+    /// Whether the filter keeps a frame, by its (name, file) nodes.
+    kept: FxHashMap<(u32, u32), bool>,
     by_frames: FxHashMap<Vec<Frame>, Stack>,
     pub entries: u64,
     pub overflowed: bool,
@@ -139,6 +164,9 @@ impl Events {
             timed: Vec::new(),
             stacks: Vec::new(),
             by_key: FxHashMap::default(),
+            by_nodes: FxHashMap::default(),
+            field_of_key: FxHashMap::default(),
+            kept: FxHashMap::default(),
             by_frames: FxHashMap::default(),
             entries: 0,
             overflowed: false,
@@ -184,27 +212,38 @@ impl Events {
         if let Some(&s) = self.by_key.get(&(frames, category, before)) {
             return s;
         }
+        // The kept frames as pickle nodes, outermost first.
+        let mut keys: Vec<FrameKey> = Vec::new();
+        if frames != u32::MAX && p.tag(frames) == Tag::List {
+            let all: Vec<u32> = p.items(frames).collect();
+            for &f in all.iter().rev() {
+                let key = self.frame_key(p, f);
+                let filter = self.filter;
+                let kept = *self.kept.entry((key.name, key.file)).or_insert_with(|| {
+                    filter.keeps(text(p, key.name, "?"), text(p, key.file, "??"))
+                });
+                if kept {
+                    keys.push(key);
+                }
+            }
+        }
+        let node_key = (keys, category, before);
+        if let Some(&s) = self.by_nodes.get(&node_key) {
+            self.by_key.insert((frames, category, before), s);
+            return s;
+        }
         let mut out = Vec::new();
         if before {
             out.push(before_trace());
         }
-        if frames != u32::MAX && p.tag(frames) == Tag::List {
-            let all: Vec<u32> = p.items(frames).collect();
-            for &f in all.iter().rev() {
-                let name = p.get(f, "name").and_then(|v| p.str(v)).unwrap_or("?");
-                let file = p.get(f, "filename").and_then(|v| p.str(v)).unwrap_or("??");
-                if !self.filter.keeps(name, file) {
-                    continue;
-                }
-                let line = p.get(f, "line").and_then(|v| p.u64(v)).unwrap_or(0);
-                out.push(Frame {
-                    kind: FrameKind::Foreign,
-                    phase: Phase::None,
-                    file: file.to_owned(),
-                    line: line.min(u32::MAX as u64) as u32,
-                    name: name.to_owned(),
-                });
-            }
+        for k in &node_key.0 {
+            out.push(Frame {
+                kind: FrameKind::Foreign,
+                phase: Phase::None,
+                file: text(p, k.file, "??").to_owned(),
+                line: k.line,
+                name: text(p, k.name, "?").to_owned(),
+            });
         }
         if category != u32::MAX {
             if let Some(c) = p.str(category) {
@@ -213,7 +252,33 @@ impl Events {
         }
         let s = self.intern(out);
         self.by_key.insert((frames, category, before), s);
+        self.by_nodes.insert(node_key, s);
         s
+    }
+
+    /// A frame dict's `name` and `filename` nodes and its line, with one pass over its keys
+    /// (recognized by node once each).
+    fn frame_key(&mut self, p: &Pickle<'_>, frame: u32) -> FrameKey {
+        let mut key = FrameKey {
+            name: u32::MAX,
+            file: u32::MAX,
+            line: 0,
+        };
+        for (k, v) in p.pairs(frame) {
+            let field = *self.field_of_key.entry(k).or_insert_with(|| match p.str(k) {
+                Some("name") => 1,
+                Some("filename") => 2,
+                Some("line") => 3,
+                _ => 0,
+            });
+            match field {
+                1 => key.name = v,
+                2 => key.file = v,
+                3 => key.line = p.u64(v).unwrap_or(0).min(u32::MAX as u64) as u32,
+                _ => {}
+            }
+        }
+        key
     }
 
     /// The stack of `frames` (outermost first).
@@ -332,6 +397,7 @@ impl Events {
                         t,
                     );
                     h.record_mark_at(MarkKind::DeviceFree, e.device, e.extra, e.bytes, t);
+                    events += 1;
                 }
                 EvKind::Snapshot => h.record_mark_at(MarkKind::Snapshot, e.device, 0, 0, t),
                 EvKind::Annotation => {
