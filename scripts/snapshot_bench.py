@@ -20,12 +20,10 @@ import argparse
 import os
 import pickle
 import random
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 
 def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:

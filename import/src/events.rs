@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use poolsight_recorder::{
-    ClockSource, DeviceInfo, DeviceKind, Frame, FrameKind, ImportInfo, MarkKind, MemKind, MemRecord, Phase,
-    Recorder, RecorderConfig,
+    ClockSource, DeviceInfo, DeviceKind, Frame, FrameKind, ImportInfo, MarkKind, MemKind,
+    MemRecord, Phase, Recorder, RecorderConfig,
 };
 use rustc_hash::FxHashMap;
 
@@ -265,12 +265,15 @@ impl Events {
             line: 0,
         };
         for (k, v) in p.pairs(frame) {
-            let field = *self.field_of_key.entry(k).or_insert_with(|| match p.str(k) {
-                Some("name") => 1,
-                Some("filename") => 2,
-                Some("line") => 3,
-                _ => 0,
-            });
+            let field = *self
+                .field_of_key
+                .entry(k)
+                .or_insert_with(|| match p.str(k) {
+                    Some("name") => 1,
+                    Some("filename") => 2,
+                    Some("line") => 3,
+                    _ => 0,
+                });
             match field {
                 1 => key.name = v,
                 2 => key.file = v,
@@ -316,11 +319,19 @@ impl Events {
                     DeviceInfo {
                         id,
                         // PyTorch's own names for them.
-                        name: if cpu { "cpu".into() } else { format!("cuda:{id}") },
+                        name: if cpu {
+                            "cpu".into()
+                        } else {
+                            format!("cuda:{id}")
+                        },
                         capacity: 0,
                         // Sizes are PyTorch's own, already rounded by its allocator.
                         allocation_unit: 1,
-                        kind: if cpu { DeviceKind::Cpu } else { DeviceKind::Gpu },
+                        kind: if cpu {
+                            DeviceKind::Cpu
+                        } else {
+                            DeviceKind::Gpu
+                        },
                         observed: self.observed,
                     }
                 })

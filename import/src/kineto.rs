@@ -248,7 +248,10 @@ pub fn convert_with(
                     ev.push_initial(Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
                 }
                 ev.push(t, Ev::mem(EvKind::Free, device, 0, addr, size, Stack::NONE));
-                ev.push(t, Ev::mem(EvKind::Release, device, 0, addr, size, Stack::NONE));
+                ev.push(
+                    t,
+                    Ev::mem(EvKind::Release, device, 0, addr, size, Stack::NONE),
+                );
             }
             ev.end = ev.end.max(t);
         }
