@@ -117,8 +117,13 @@ def record_history(
             _native.import_file(pickled, out, frames, None, overwrite or written)
         written = True
 
+    active = True
+
     def on_oom(_device: int, _alloc: int, _device_alloc: int, _device_free: int) -> None:
-        write()
+        # PyTorch cannot detach an OOM observer: after the block, this one must do nothing
+        # (an OOM later in the program would otherwise overwrite the trace).
+        if active:
+            write()
 
     torch.cuda.memory._record_memory_history("all", stacks=stacks, max_entries=max_entries)
     torch._C._cuda_attach_out_of_memory_observer(on_oom)
@@ -128,4 +133,5 @@ def record_history(
         try:
             write()
         finally:
+            active = False
             torch.cuda.memory._record_memory_history(None)
