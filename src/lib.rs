@@ -5,6 +5,7 @@
 //! the `poolsight` command needs ([`cli`]: the binary and the Python package run it).
 
 pub use poolsight_analyzer as analyzer;
+pub use poolsight_import as import;
 pub use poolsight_pool as pool;
 pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;

@@ -38,6 +38,8 @@ mod html;
 mod parquet;
 #[path = "integration/scopes.rs"]
 mod scopes;
+#[path = "integration/snapshots.rs"]
+mod snapshots;
 #[path = "integration/visuals.rs"]
 mod visuals;
 #[path = "integration/windows.rs"]

@@ -920,3 +920,9 @@ def track(
         state.tracker = None
         tracker.remove()
         state.release_modules(taken)
+
+
+# PyTorch's own memory files (snapshots, profiler traces) as traces: see _torch_files.
+from ._torch_files import from_profile, import_file, record_history  # noqa: E402
+
+__all__ += ["from_profile", "import_file", "record_history"]

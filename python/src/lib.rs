@@ -21,6 +21,7 @@ mod cupy_alloc;
 mod cupy_hook;
 mod stacks;
 mod torch_alloc;
+mod torch_files;
 
 create_exception!(
     _native,
@@ -706,6 +707,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     autograd::register(m)?;
     cupy_hook::register(m)?;
     cupy_alloc::register(m)?;
+    torch_files::register(m)?;
     Ok(())
 }
 

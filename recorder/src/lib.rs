@@ -27,5 +27,6 @@ pub use poolsight_schema::kinds::{
 };
 pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
-    CpuSource, DeviceInfo, Frame, Handle, MemRecord, Mode, Recorder, RecorderConfig, Summary,
+    ClockSource, CpuSource, DeviceInfo, Frame, Handle, ImportInfo, MemRecord, Mode, Recorder,
+    RecorderConfig, Summary,
 };

@@ -89,6 +89,9 @@ kinds! {
         OutOfMemory = 7, "out_of_memory";
         /// The allocator's limit was set to `bytes` (0 = none).
         LimitSet = 8, "limit_set";
+        /// Format 1.5: the free of the block at `ptr` (`bytes`) was requested; the allocator
+        /// keeps it until other streams are done with it, and its `FreePost` follows.
+        FreeRequested = 10, "free_requested";
     }
 }
 
@@ -104,6 +107,14 @@ kinds! {
         /// A scope closed by an exception, not a completed call: `aux` = its stack, `a` = the
         /// ticks it opened at.
         ScopeAbort = 3, "scope_abort";
+        /// Format 1.5: at an out-of-memory, `aux` = device, `a` = bytes the device reported
+        /// free, `b` = bytes requested.
+        DeviceFree = 4, "device_free";
+        /// Format 1.5: the allocator took a snapshot of its state; `aux` = device.
+        Snapshot = 5, "snapshot";
+        /// Format 1.5: a note: `aux` = string id of its text, `a` = address (0: none), `b` =
+        /// device.
+        Annotation = 6, "annotation";
     }
 }
 
@@ -243,6 +254,7 @@ mod tests {
             Err(9),
             "the rebase record is no event"
         );
+        assert_eq!(MemKind::try_from(11), Err(11));
         for s in ScopeKind::ALL {
             assert_eq!(ScopeKind::try_from(FrameKind::from(*s)), Ok(*s));
         }

@@ -39,11 +39,16 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// Compatible additions bump this. 1.1 added the header checksum and the size prefix to the
 /// sealed-chunk checksum (see [`HEADER_CRC_MINOR`]); 1.2 added packed traces (see
 /// [`PACKED_MINOR`]); 1.3 added `MarkKind.ScopeAbort`, the mark of a call that raised; 1.4
-/// added `FrameKind.Label` and `DeviceDef.kind`/`observed` (see [`LABEL_MINOR`]).
-pub const FORMAT_MINOR: u16 = 4;
+/// added `FrameKind.Label` and `DeviceDef.kind`/`observed` (see [`LABEL_MINOR`]); 1.5 added
+/// what imported traces need: `MemKind.FreeRequested`, the marks `DeviceFree`, `Snapshot` and
+/// `Annotation`, and `Header.import` (see [`IMPORT_MINOR`]).
+pub const FORMAT_MINOR: u16 = 5;
 /// The first minor version with `FrameKind.Label`; in older files an integration's labels are
 /// `Scope` frames with no file and line 0.
 pub const LABEL_MINOR: u16 = 4;
+/// The first minor version with `Header.import` and the kinds of imported traces
+/// (`MemKind.FreeRequested`, `MarkKind.DeviceFree`, `Snapshot`, `Annotation`).
+pub const IMPORT_MINOR: u16 = 5;
 /// The first minor version that may be packed (`Header.packed`, `PackedEvents` chunks).
 pub const PACKED_MINOR: u16 = 2;
 /// The first minor version whose files carry a header checksum (the 4 bytes before

@@ -125,15 +125,16 @@ struct Side {
     partial: Option<String>,
 }
 
-fn figures(paths: &[PathBuf], live_at_peak: bool, keep_first: bool) -> anyhow::Result<Side> {
+fn figures(paths: &[PathBuf], keep_first: bool) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
     let mut figures = Vec::new();
     let mut sources = Vec::new();
     for (i, path) in paths.iter().enumerate() {
-        // Only the first run's profile is drawn; the figures never need the walk to the peak.
+        // Every run walks to its peak: the `line:*.live_at_peak` figures say which stacks a
+        // peak's growth came from (and the HTML page and a peak flamegraph draw them).
         let replay = ReplayOptions {
-            live_at_peak: live_at_peak && i == 0 && keep_first,
+            live_at_peak: true,
             ..ReplayOptions::default()
         };
         // One path: one trace and its profile, or an error.
@@ -158,12 +159,9 @@ pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     if let Some(path) = &args.rules {
         rules.extend(read_rules(path)?);
     }
-    // The HTML page shows the bytes live at the peak; a peak flamegraph draws them.
-    let live_at_peak = args.html.is_some()
-        || (args.flamegraph.is_some() && args.flamegraph_metric == Metric::Peak);
     let keep = args.flamegraph.is_some() || args.html.is_some();
-    let base_side = figures(base_paths, live_at_peak, keep)?;
-    let new_side = figures(new_paths, live_at_peak, keep)?;
+    let base_side = figures(base_paths, keep)?;
+    let new_side = figures(new_paths, keep)?;
     let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
         .iter()
         .filter_map(|(side, p)| p.as_ref().map(|p| format!("{side} run is partial: {p}")))

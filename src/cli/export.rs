@@ -66,7 +66,7 @@ pub struct ExportArgs {
 }
 
 pub fn export(args: ExportArgs) -> anyhow::Result<()> {
-    let traces = &args.traces;
+    let traces = &super::load::inputs(&args.traces)?;
     match args.format {
         ExportFormat::Chrome => {
             let loaded = load_traces(
@@ -173,7 +173,8 @@ pub struct PackArgs {
     level: i32,
 }
 
-pub fn pack(args: PackArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn pack(mut args: PackArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    args.trace = super::load::inputs(std::slice::from_ref(&args.trace))?.remove(0);
     check_trace_path(&args.trace)?;
     let opts = PackOptions {
         level: args.level,

@@ -11,6 +11,7 @@ mod args;
 mod demo;
 mod diff;
 mod export;
+mod import;
 mod load;
 mod output;
 mod tables;
@@ -31,6 +32,16 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// PyTorch files (snapshots, profiler traces): which frames of each stack to keep.
+    /// viewer: what PyTorch's memory viewer shows (unwinder, interpreter and dispatcher
+    /// frames dropped); python: Python frames only; all: every frame recorded.
+    #[arg(
+        long,
+        global = true,
+        default_value = "viewer",
+        value_name = "viewer|python|all"
+    )]
+    frames: poolsight_import::FrameFilter,
 }
 
 #[derive(Subcommand)]
@@ -94,6 +105,12 @@ enum Command {
     ///
     /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
     Diff(diff::DiffArgs),
+    /// Convert PyTorch memory snapshots or torch.profiler traces into poolsight traces.
+    ///
+    /// Every command also reads those files directly (converting them each time); importing
+    /// once is quicker for repeated analysis. Snapshots are read without running anything
+    /// from the pickle. See docs/pytorch-files.md for how each entry maps.
+    Import(import::ImportArgs),
     /// Write a compact copy of a trace: event chunks encoded as columns and compressed.
     ///
     /// Every command reads packed traces as it reads live ones and gives the same output;
@@ -119,13 +136,16 @@ where
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    match run(cli) {
+    load::set_settings(import::Settings { frames: cli.frames });
+    let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("poolsight: {}", one_line(&e));
             2
         }
-    }
+    };
+    load::forget_conversions();
+    code
 }
 
 /// `--help` and `--version` print as clap prints them; a usage error becomes one line on
@@ -193,6 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Export(a) => export::export(a)?,
         Command::Diff(a) => return diff::run(a, &mut out),
         Command::Pack(a) => export::pack(a, &mut out)?,
+        Command::Import(a) => import::import(a, import::Settings { frames: cli.frames }, &mut out)?,
     }
     out.flush()?;
     Ok(0)

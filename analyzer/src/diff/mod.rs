@@ -13,6 +13,7 @@
 //! | `function:NAME.time`, `link:NAME.time` | timers | ns |
 //! | `link:NAME.occurrence` | timers | count |
 //! | `line:STACK.used`, `.acquired` (STACK: `file:line:function` frames joined by `;`) | lines | bytes |
+//! | `line:STACK.live_at_peak`: bytes allocated there still live at the peak | lines | bytes |
 //! | `epoch:N.gpu_used`, `.gpu_peak`, `.cpu_used`, `.cpu_peak` | epochs | bytes |
 //!
 //! Keys never hold an address or a trace-local id, so two runs of the same program give the

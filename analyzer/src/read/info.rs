@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::read::names::{event_keys, mark_kind_name, mem_kind_name, scope_event_name, FrameKind};
-use crate::read::{ChunkInfo, ChunkKind, Trace};
+use crate::read::{ChunkInfo, ChunkKind, Import, Trace};
 use crate::replay::{Memory, MemoryKind, PoolFigures, Profile};
 use crate::tables::render::{humanized, seconds_or_ms};
 
@@ -43,6 +43,9 @@ pub struct Info {
     pub command_line: Vec<String>,
     pub rank: Option<u32>,
     pub world_size: Option<u32>,
+    /// Set when the trace was converted from a PyTorch file (`poolsight import`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub imported_from: Option<Import>,
     pub mode: String,
     pub chunk_size: u32,
     pub started_unix_ns: u64,
@@ -236,6 +239,7 @@ pub fn info(trace: &Trace) -> Info {
         command_line: h.command_line.clone(),
         rank: h.rank,
         world_size: h.world_size,
+        imported_from: h.import.clone(),
         mode: match h.ring {
             Some(slots) => format!("ring ({slots} slots)"),
             None => "grow".into(),
@@ -286,6 +290,28 @@ pub fn render_table(i: &Info) -> String {
     }
     if let (Some(r), Some(w)) = (i.rank, i.world_size) {
         let _ = writeln!(o, "rank         {r} of {w}");
+    }
+    if let Some(im) = &i.imported_from {
+        let _ = writeln!(
+            o,
+            "imported     from {} ({}, {} bytes): {} entries",
+            im.path, im.kind, im.bytes, im.entries
+        );
+        let _ = writeln!(
+            o,
+            "  start      {}",
+            if im.overflowed {
+                "mid-run: blocks freed but never allocated in the file (the trace ring overflowed, or recording began late) count as live from the start"
+            } else {
+                "whole: every block freed was allocated in the file"
+            }
+        );
+        if im.unmapped.is_empty() {
+            let _ = writeln!(o, "  unmapped   nothing");
+        }
+        for u in &im.unmapped {
+            let _ = writeln!(o, "  unmapped   {u}");
+        }
     }
     let _ = writeln!(o, "mode         {}, {} B chunks", i.mode, i.chunk_size);
     let _ = writeln!(o, "duration     {}", seconds_or_ms(i.duration_ns));

@@ -44,8 +44,8 @@ mod walk;
 pub use pages::WINDOW;
 pub use trace::Trace;
 pub use types::{
-    ChunkInfo, ChunkKind, Defs, DeviceDef, Events, EventsIter, Footer, FrameDef, Header, ReadError,
-    ThreadDef, Warning,
+    ChunkInfo, ChunkKind, Defs, DeviceDef, Events, EventsIter, Footer, FrameDef, Header, Import,
+    ReadError, ThreadDef, Warning,
 };
 
 /// Size prefix, root offset and file identifier.

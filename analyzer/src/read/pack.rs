@@ -423,6 +423,23 @@ fn build_header(trace: &Trace) -> Vec<u8> {
         })
         .collect();
     let devices = fbb.create_vector(&devices);
+    let import = h.import.as_ref().map(|i| {
+        let kind = fbb.create_string(&i.kind);
+        let path = fbb.create_string(&i.path);
+        let unmapped: Vec<_> = i.unmapped.iter().map(|u| fbb.create_string(u)).collect();
+        let unmapped = fbb.create_vector(&unmapped);
+        fb::Import::create(
+            &mut fbb,
+            &fb::ImportArgs {
+                kind: Some(kind),
+                path: Some(path),
+                bytes: i.bytes,
+                entries: i.entries,
+                overflowed: i.overflowed,
+                unmapped: Some(unmapped),
+            },
+        )
+    });
     let clock = fb::Clock::new(h.ticks0, h.mono_ns, h.unix_ns, h.ticks_per_ns);
     let header = fb::Header::create(
         &mut fbb,
@@ -446,6 +463,7 @@ fn build_header(trace: &Trace) -> Vec<u8> {
             ring_slots: h.ring.unwrap_or(0),
             cpu_source: h.cpu_source,
             packed: true,
+            import,
         },
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);

@@ -129,6 +129,22 @@ pub struct Header {
     pub devices: Vec<DeviceDef>,
     /// A packed trace (format 1.2): no ring slots, event chunks may be packed.
     pub packed: bool,
+    /// Format 1.5: what `poolsight import` converted this trace from.
+    pub import: Option<Import>,
+}
+
+/// Where an imported trace came from (`Header.import`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Import {
+    /// `pytorch-snapshot` or `torch-profiler`.
+    pub kind: String,
+    pub path: String,
+    pub bytes: u64,
+    pub entries: u64,
+    /// The snapshot's trace ring had overflowed (its oldest entries are gone).
+    pub overflowed: bool,
+    /// What could not be mapped, one line each.
+    pub unmapped: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -9,7 +9,7 @@ use poolsight_schema::{
 
 use super::defs::device_def;
 use super::packed::{self, Packed};
-use super::types::{ChunkInfo, ChunkKind, Footer, Header, Warning};
+use super::types::{ChunkInfo, ChunkKind, Footer, Header, Import, Warning};
 use super::walk::MIN_CHUNK_LEN;
 use super::{MIN_PREFIXED_LEN, VERIFIER};
 
@@ -88,6 +88,17 @@ pub(super) fn read_header(
         chunk_size: h.chunk_size(),
         cpu_source: h.cpu_source(),
         packed: h.packed(),
+        import: h.import().map(|i| Import {
+            kind: i.kind().unwrap_or("").to_owned(),
+            path: i.path().unwrap_or("").to_owned(),
+            bytes: i.bytes(),
+            entries: i.entries(),
+            overflowed: i.overflowed(),
+            unmapped: i
+                .unmapped()
+                .map(|v| v.iter().map(str::to_owned).collect())
+                .unwrap_or_default(),
+        }),
         devices: h
             .devices()
             .into_iter()

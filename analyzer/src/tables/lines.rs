@@ -52,7 +52,15 @@ pub struct LineNode {
     pub failed_used_bytes: u64,
     /// Of `acquired_bytes`: device tries that failed (`alloc_preprocess`).
     pub failed_acquired_bytes: u64,
+    /// Bytes allocated here still live at the pool's peak, when the replay computed them
+    /// (`diff` does, to say which stacks a peak's growth came from); absent when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub live_at_peak_bytes: u64,
     pub children: Vec<LineNode>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// Levels of nesting the tree keeps under `_root`: frames deeper than this (a runaway
@@ -186,6 +194,7 @@ fn folded(tree: &CallTree, ids: &[usize]) -> Option<LineNode> {
 }
 
 fn add(o: &mut LineNode, a: &Agg) {
+    o.live_at_peak_bytes = o.live_at_peak_bytes.saturating_add(a.live_at_peak_bytes);
     o.used_bytes = o.used_bytes.saturating_add(a.used_bytes);
     o.acquired_bytes = o.acquired_bytes.saturating_add(a.acquired_bytes);
     o.failed_used_bytes = o.failed_used_bytes.saturating_add(a.failed_used_bytes);
@@ -312,6 +321,7 @@ impl Table for Lines {
     const FIGURES: &'static [DiffKey] = &[
         DiffKey::scoped("line", "used", Quantity::Bytes),
         DiffKey::scoped("line", "acquired", Quantity::Bytes),
+        DiffKey::scoped("line", "live_at_peak", Quantity::Bytes),
     ];
 
     fn compute(p: &Profile, opts: &ReportOptions) -> Lines {
@@ -333,6 +343,12 @@ impl Table for Lines {
         for (f, path) in flat.iter().zip(Lines::paths(&flat)) {
             out.scoped::<Self>("line", &path, "used", signed(f.node.used_bytes));
             out.scoped::<Self>("line", &path, "acquired", signed(f.node.acquired_bytes));
+            out.scoped::<Self>(
+                "line",
+                &path,
+                "live_at_peak",
+                signed(f.node.live_at_peak_bytes),
+            );
         }
     }
 
@@ -348,6 +364,7 @@ impl Table for Lines {
             acquired_bytes: r.acquired_bytes,
             failed_used_bytes: r.failed_used_bytes,
             failed_acquired_bytes: r.failed_acquired_bytes,
+            live_at_peak_bytes: 0,
             children: Vec::new(),
         };
         let mut rows = vec![(-1i64, 0usize, &root)];

@@ -66,6 +66,35 @@ pub struct RecorderConfig {
     /// existing file is an error. The new recording is a new file renamed over the old one, so
     /// a reader of the old file keeps reading it.
     pub overwrite: bool,
+    /// Where timestamps come from: this process's clock, or the caller's.
+    pub clock: ClockSource,
+    /// Written in the header of a trace converted from another tool's file.
+    pub import: Option<ImportInfo>,
+}
+
+/// The clock a recorder's timestamps are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClockSource {
+    /// This process's clock ([`clock::ticks`]), calibrated at start and at finish.
+    #[default]
+    Process,
+    /// Ticks are nanoseconds given by the caller, counted from 0 = `unix_ns` (the Unix time of
+    /// the run's start): for a writer that converts a run recorded elsewhere, through the
+    /// `*_at` methods and [`Recorder::finish_at`].
+    Explicit { unix_ns: u64 },
+}
+
+/// What a converted trace came from (`Header.import`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportInfo {
+    /// `pytorch-snapshot` or `torch-profiler`.
+    pub kind: String,
+    pub path: String,
+    pub bytes: u64,
+    pub entries: u64,
+    pub overflowed: bool,
+    /// What could not be mapped, one line each.
+    pub unmapped: Vec<String>,
 }
 
 impl Default for RecorderConfig {
@@ -81,6 +110,8 @@ impl Default for RecorderConfig {
             command_line: None,
             calibration: Duration::from_millis(10),
             overwrite: false,
+            clock: ClockSource::Process,
+            import: None,
         }
     }
 }
@@ -165,7 +196,15 @@ impl Recorder {
                 config.chunk_size
             )));
         }
-        let calibration = Calibration::measure(config.calibration);
+        let calibration = match config.clock {
+            ClockSource::Process => Calibration::measure(config.calibration),
+            ClockSource::Explicit { unix_ns } => Calibration {
+                ticks: 0,
+                mono_ns: 0,
+                unix_ns,
+                ticks_per_ns: 1.0,
+            },
+        };
         let header = build_header(&config, &calibration);
         let data_offset = data_offset(header.len());
         let footer_bytes = build_footer(&FooterFields::default());
@@ -239,16 +278,25 @@ impl Recorder {
     /// flushes and trims the file. Chunks of threads still running stay open in the file with
     /// every event they hold; events recorded after this are dropped and counted.
     pub fn finish(mut self) -> Result<Summary, RecorderError> {
-        self.finish_inner()
+        self.finish_inner(None)
     }
 
-    fn finish_inner(&mut self) -> Result<Summary, RecorderError> {
+    /// [`Recorder::finish`] for a recorder on a [`ClockSource::Explicit`] clock: the run ended
+    /// at `end_ticks` (its duration, in ns).
+    pub fn finish_at(mut self, end_ticks: u64) -> Result<Summary, RecorderError> {
+        self.finish_inner(Some(end_ticks))
+    }
+
+    fn finish_inner(&mut self, end: Option<u64>) -> Result<Summary, RecorderError> {
         self.finished = true;
         let shared = &self.handle.shared;
         thread::seal_current_thread(shared);
         shared.closed.store(true, Ordering::Release);
         let data_end = shared.file.close();
-        let (end_ticks, end_mono_ns, end_unix_ns) = Calibration::now();
+        let (end_ticks, end_mono_ns, end_unix_ns) = match end {
+            Some(t) => (t, t, shared.calibration.unix_ns.saturating_add(t)),
+            None => Calibration::now(),
+        };
         let fields = FooterFields {
             end_ticks,
             end_mono_ns,
@@ -286,7 +334,7 @@ impl std::ops::Deref for Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         if !self.finished {
-            if let Err(e) = self.finish_inner() {
+            if let Err(e) = self.finish_inner(None) {
                 eprintln!("poolsight: {e}");
             }
         }
@@ -322,12 +370,26 @@ impl Handle {
     /// is the interned stack whose innermost frame is the scope.
     #[inline]
     pub fn record_scope(&self, stack: u32, start_ticks: u64) {
-        thread::with_writer(&self.shared, |w| w.scope(stack, start_ticks));
+        thread::with_writer(&self.shared, |w| {
+            w.scope(stack, start_ticks, clock::ticks())
+        });
+    }
+
+    /// [`Handle::record_scope`] for a scope that closed at `end_ticks`: for a writer that
+    /// replays a run recorded elsewhere, with [`ClockSource::Explicit`] timestamps.
+    #[inline]
+    pub fn record_scope_at(&self, stack: u32, start_ticks: u64, end_ticks: u64) {
+        thread::with_writer(&self.shared, |w| w.scope(stack, start_ticks, end_ticks));
     }
 
     /// Records a rare event (epoch boundary, CPU sample) with an absolute timestamp.
     pub fn record_mark(&self, kind: MarkKind, aux: u32, a: u64, b: u64) {
-        thread::with_writer(&self.shared, |w| w.mark(kind, aux, a, b));
+        thread::with_writer(&self.shared, |w| w.mark(kind, aux, a, b, clock::ticks()));
+    }
+
+    /// [`Handle::record_mark`] at `ticks`.
+    pub fn record_mark_at(&self, kind: MarkKind, aux: u32, a: u64, b: u64, ticks: u64) {
+        thread::with_writer(&self.shared, |w| w.mark(kind, aux, a, b, ticks));
     }
 
     pub fn intern_string(&self, s: &str) -> u32 {
@@ -393,6 +455,23 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
         .map(|d| defs::build_device(&mut fbb, d))
         .collect();
     let devices = fbb.create_vector(&devices);
+    let import = config.import.as_ref().map(|i| {
+        let kind = fbb.create_string(&i.kind);
+        let path = fbb.create_string(&i.path);
+        let unmapped: Vec<_> = i.unmapped.iter().map(|u| fbb.create_string(u)).collect();
+        let unmapped = fbb.create_vector(&unmapped);
+        fb::Import::create(
+            &mut fbb,
+            &fb::ImportArgs {
+                kind: Some(kind),
+                path: Some(path),
+                bytes: i.bytes,
+                entries: i.entries,
+                overflowed: i.overflowed,
+                unmapped: Some(unmapped),
+            },
+        )
+    });
     let clock = fb::Clock::new(cal.ticks, cal.mono_ns, cal.unix_ns, cal.ticks_per_ns);
     let (mode, ring_slots) = match config.mode {
         Mode::Grow => (fb::Mode::Grow, 0),
@@ -421,6 +500,7 @@ fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
                 CpuSource::Tracemalloc => fb::CpuSource::Tracemalloc,
             },
             packed: false,
+            import,
         },
     );
     fb::finish_size_prefixed_header_buffer(&mut fbb, header);

@@ -14,7 +14,6 @@ use poolsight_schema::{align8, fb};
 
 use super::chunk::{OpenChunk, Stream};
 use super::Shared;
-use crate::clock;
 use crate::kinds::{MarkKind, MemKind};
 
 pub(crate) struct ThreadWriter {
@@ -114,8 +113,7 @@ impl ThreadWriter {
     }
 
     #[inline(always)]
-    pub fn scope(&mut self, stack: u32, start_ticks: u64) {
-        let now = clock::ticks();
+    pub fn scope(&mut self, stack: u32, start_ticks: u64, now: u64) {
         let Some(c) = self.chunk(Stream::Scope, 2, now) else {
             return self.shared.count_dropped(1);
         };
@@ -129,8 +127,7 @@ impl ThreadWriter {
         c.push(&ev.0);
     }
 
-    pub fn mark(&mut self, kind: MarkKind, aux: u32, a: u64, b: u64) {
-        let now = clock::ticks();
+    pub fn mark(&mut self, kind: MarkKind, aux: u32, a: u64, b: u64, now: u64) {
         let Some(c) = self.chunk(Stream::Mark, 1, now) else {
             return self.shared.count_dropped(1);
         };

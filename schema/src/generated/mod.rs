@@ -26,6 +26,8 @@ pub mod poolsight {
     pub use self::clock_generated::*;
     mod device_def_generated;
     pub use self::device_def_generated::*;
+    mod import_generated;
+    pub use self::import_generated::*;
     mod header_generated;
     pub use self::header_generated::*;
     mod chunk_meta_generated;

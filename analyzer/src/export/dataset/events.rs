@@ -15,6 +15,7 @@ use arrow_array::builder::{
 use arrow_array::{ArrayRef, DictionaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use poolsight_schema::fb;
+use poolsight_schema::kinds::{MarkKind, MemKind};
 
 use super::files::ParquetFile;
 use super::ExportError;
@@ -80,8 +81,11 @@ pub static STACKS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     ]))
 });
 
-const EPOCH_BEGIN: i8 = 13;
-const EPOCH_END: i8 = 14;
+/// The codes of the epoch marks in [`KINDS`]: after the memory kinds and the four scope keys
+/// (the order of [`crate::read::names::event_keys`]).
+const EPOCH_BEGIN: i8 = (MARKS_AT + MarkKind::EpochBegin as usize) as i8;
+const EPOCH_END: i8 = (MARKS_AT + MarkKind::EpochEnd as usize) as i8;
+const MARKS_AT: usize = MemKind::ALL.len() + 4;
 
 /// Event classes, in their order at equal ticks (as the replay merges them).
 const MEMORY: u8 = 0;

@@ -33,6 +33,7 @@ impl<'a> Header<'a> {
   pub const VT_RING_SLOTS: ::flatbuffers::VOffsetT = 28;
   pub const VT_CPU_SOURCE: ::flatbuffers::VOffsetT = 30;
   pub const VT_PACKED: ::flatbuffers::VOffsetT = 32;
+  pub const VT_IMPORT: ::flatbuffers::VOffsetT = 34;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -44,6 +45,7 @@ impl<'a> Header<'a> {
     args: &'args HeaderArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Header<'bldr>> {
     let mut builder = HeaderBuilder::new(_fbb);
+    if let Some(x) = args.import { builder.add_import(x); }
     builder.add_ring_slots(args.ring_slots);
     builder.add_chunk_size(args.chunk_size);
     if let Some(x) = args.devices { builder.add_devices(x); }
@@ -168,6 +170,13 @@ impl<'a> Header<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(Header::VT_PACKED, Some(false)).unwrap()}
   }
+  #[inline]
+  pub fn import(&self) -> Option<Import<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Import>>(Header::VT_IMPORT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Header<'_> {
@@ -191,6 +200,7 @@ impl ::flatbuffers::Verifiable for Header<'_> {
      .visit_field::<u32>("ring_slots", Self::VT_RING_SLOTS, false)?
      .visit_field::<CpuSource>("cpu_source", Self::VT_CPU_SOURCE, false)?
      .visit_field::<bool>("packed", Self::VT_PACKED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Import>>("import", Self::VT_IMPORT, false)?
      .finish();
     Ok(())
   }
@@ -211,6 +221,7 @@ pub struct HeaderArgs<'a> {
     pub ring_slots: u32,
     pub cpu_source: CpuSource,
     pub packed: bool,
+    pub import: Option<::flatbuffers::WIPOffset<Import<'a>>>,
 }
 impl<'a> Default for HeaderArgs<'a> {
   #[inline]
@@ -231,6 +242,7 @@ impl<'a> Default for HeaderArgs<'a> {
       ring_slots: 0,
       cpu_source: CpuSource::None,
       packed: false,
+      import: None,
     }
   }
 }
@@ -301,6 +313,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> HeaderBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<bool>(Header::VT_PACKED, packed, false);
   }
   #[inline]
+  pub fn add_import(&mut self, import: ::flatbuffers::WIPOffset<Import<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Import>>(Header::VT_IMPORT, import);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> HeaderBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     HeaderBuilder {
@@ -333,6 +349,7 @@ impl ::core::fmt::Debug for Header<'_> {
       ds.field("ring_slots", &self.ring_slots());
       ds.field("cpu_source", &self.cpu_source());
       ds.field("packed", &self.packed());
+      ds.field("import", &self.import());
       ds.finish()
   }
 }

@@ -5,14 +5,17 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_MARK_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_MARK_KIND: u8 = 3;
+pub const ENUM_MAX_MARK_KIND: u8 = 6;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_MARK_KIND: [MarkKind; 4] = [
+pub const ENUM_VALUES_MARK_KIND: [MarkKind; 7] = [
   MarkKind::EpochBegin,
   MarkKind::EpochEnd,
   MarkKind::CpuSample,
   MarkKind::ScopeAbort,
+  MarkKind::DeviceFree,
+  MarkKind::Snapshot,
+  MarkKind::Annotation,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -24,14 +27,20 @@ impl MarkKind {
   pub const EpochEnd: Self = Self(1);
   pub const CpuSample: Self = Self(2);
   pub const ScopeAbort: Self = Self(3);
+  pub const DeviceFree: Self = Self(4);
+  pub const Snapshot: Self = Self(5);
+  pub const Annotation: Self = Self(6);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 3;
+  pub const ENUM_MAX: u8 = 6;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::EpochBegin,
     Self::EpochEnd,
     Self::CpuSample,
     Self::ScopeAbort,
+    Self::DeviceFree,
+    Self::Snapshot,
+    Self::Annotation,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -40,6 +49,9 @@ impl MarkKind {
       Self::EpochEnd => Some("EpochEnd"),
       Self::CpuSample => Some("CpuSample"),
       Self::ScopeAbort => Some("ScopeAbort"),
+      Self::DeviceFree => Some("DeviceFree"),
+      Self::Snapshot => Some("Snapshot"),
+      Self::Annotation => Some("Annotation"),
       _ => None,
     }
   }

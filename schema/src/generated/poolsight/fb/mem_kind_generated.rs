@@ -5,10 +5,10 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_MEM_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_MEM_KIND: u8 = 9;
+pub const ENUM_MAX_MEM_KIND: u8 = 10;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_MEM_KIND: [MemKind; 10] = [
+pub const ENUM_VALUES_MEM_KIND: [MemKind; 11] = [
   MemKind::MallocPre,
   MemKind::MallocPost,
   MemKind::AllocPre,
@@ -19,6 +19,7 @@ pub const ENUM_VALUES_MEM_KIND: [MemKind; 10] = [
   MemKind::OutOfMemory,
   MemKind::LimitSet,
   MemKind::Rebase,
+  MemKind::FreeRequested,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -36,9 +37,10 @@ impl MemKind {
   pub const OutOfMemory: Self = Self(7);
   pub const LimitSet: Self = Self(8);
   pub const Rebase: Self = Self(9);
+  pub const FreeRequested: Self = Self(10);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 9;
+  pub const ENUM_MAX: u8 = 10;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::MallocPre,
     Self::MallocPost,
@@ -50,6 +52,7 @@ impl MemKind {
     Self::OutOfMemory,
     Self::LimitSet,
     Self::Rebase,
+    Self::FreeRequested,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -64,6 +67,7 @@ impl MemKind {
       Self::OutOfMemory => Some("OutOfMemory"),
       Self::LimitSet => Some("LimitSet"),
       Self::Rebase => Some("Rebase"),
+      Self::FreeRequested => Some("FreeRequested"),
       _ => None,
     }
   }

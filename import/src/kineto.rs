@@ -1,0 +1,358 @@
+//! `torch.profiler` Chrome/Kineto JSON traces (`prof.export_chrome_trace(...)`, the
+//! TensorBoard handler's `*.pt.trace.json`) into poolsight events:
+//!
+//! - `[memory]` instant events (`Addr`, `Bytes`, `Device Type`, `Device Id`): a positive
+//!   `Bytes` is a malloc, a negative one the free of that address; a free of an address the
+//!   trace never allocated was live from the start;
+//! - complete (`X`) events on CPU threads are scopes, nested by time on their thread:
+//!   `cpu_op` (ATen operators) are functions, `python_function` events `nn.Module: Name_N`
+//!   are links (`Name`), other Python calls (`file.py(line): name`) and user annotations are
+//!   user scopes; a memory event's stack is the scopes open on its thread at its time;
+//! - `ProfilerStep#N` annotations are epoch `N`.
+
+use std::borrow::Cow;
+
+use poolsight_recorder::{Frame, FrameKind, Phase};
+use rustc_hash::FxHashMap;
+use serde::Deserialize;
+
+use crate::events::{before_trace, label, step_number, Ev, EvKind, Events, Stack};
+use crate::frames::FrameFilter;
+use crate::ImportError;
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum File<'a> {
+    Object {
+        #[serde(rename = "traceEvents", borrow)]
+        events: Vec<Event<'a>>,
+        #[serde(rename = "baseTimeNanoseconds", default)]
+        base_ns: Option<u64>,
+    },
+    List(#[serde(borrow)] Vec<Event<'a>>),
+}
+
+#[derive(Deserialize)]
+struct Event<'a> {
+    #[serde(borrow, default)]
+    ph: Cow<'a, str>,
+    #[serde(borrow, default)]
+    cat: Cow<'a, str>,
+    #[serde(borrow, default)]
+    name: Cow<'a, str>,
+    #[serde(default)]
+    ts: Option<f64>,
+    #[serde(default)]
+    dur: Option<f64>,
+    #[serde(default)]
+    pid: Option<Id>,
+    #[serde(default)]
+    tid: Option<Id>,
+    #[serde(default)]
+    args: Option<Args>,
+}
+
+#[derive(Debug, Deserialize, Clone, PartialEq, Eq, Hash)]
+#[serde(untagged)]
+enum Id {
+    N(i64),
+    S(String),
+    F(serde_json::Number),
+}
+
+#[derive(Deserialize, Default)]
+struct Args {
+    #[serde(rename = "Bytes", default)]
+    bytes: Option<i64>,
+    #[serde(rename = "Addr", default)]
+    addr: Option<u64>,
+    #[serde(rename = "Device Type", default)]
+    device_type: Option<i64>,
+    #[serde(rename = "Device Id", default)]
+    device_id: Option<i64>,
+}
+
+/// One category per allocation, from `poolsight.torch.from_profile` (PyTorch's memory
+/// profile): the allocation of `addr` nearest to `ts_us` gets `category`.
+#[derive(Debug, Clone)]
+pub struct Category {
+    pub addr: u64,
+    pub ts_us: f64,
+    pub category: String,
+}
+
+struct Item {
+    ts: f64,
+    /// 0: a scope opening, 1: a memory event (a scope opening at the same time comes first).
+    class: u8,
+    end: f64,
+    index: usize,
+}
+
+pub fn convert(data: &[u8], filter: FrameFilter) -> Result<Events, ImportError> {
+    convert_with(data, filter, &[])
+}
+
+pub fn convert_with(
+    data: &[u8],
+    filter: FrameFilter,
+    categories: &[Category],
+) -> Result<Events, ImportError> {
+    let file: File<'_> =
+        serde_json::from_slice(data).map_err(|e| ImportError::NotProfile(e.to_string()))?;
+    let (events, base_ns) = match file {
+        File::Object { events, base_ns } => (events, base_ns),
+        File::List(events) => (events, None),
+    };
+    let mut ev = Events::new(filter);
+    ev.entries = events.len() as u64;
+    let t0 = events
+        .iter()
+        .filter(|e| matches!(&*e.ph, "X" | "i" | "I"))
+        .filter_map(|e| e.ts)
+        .filter(|t| t.is_finite())
+        .fold(f64::INFINITY, f64::min);
+    if !t0.is_finite() {
+        return Err(ImportError::NotProfile(
+            "it has no timed events (`traceEvents` with `ts`)".into(),
+        ));
+    }
+    let ns = |t: f64| -> u64 { ((t - t0) * 1000.0).round().max(0.0) as u64 };
+    ev.unix_start_ns = base_ns.map_or(0, |b| b.saturating_add((t0 * 1000.0).max(0.0) as u64));
+    let any_cuda = events
+        .iter()
+        .filter(|e| e.name == "[memory]")
+        .any(|e| e.args.as_ref().and_then(|a| a.device_type) == Some(1));
+    let cuda_max = events
+        .iter()
+        .filter(|e| e.name == "[memory]")
+        .filter_map(|e| e.args.as_ref())
+        .filter(|a| a.device_type == Some(1))
+        .filter_map(|a| a.device_id)
+        .max()
+        .unwrap_or(-1);
+    let cpu_device = if any_cuda {
+        (cuda_max + 1).clamp(0, 255) as u32
+    } else {
+        0
+    };
+    // Items per thread.
+    let mut threads: FxHashMap<(Option<Id>, Option<Id>), Vec<Item>> = FxHashMap::default();
+    let mut unmapped: std::collections::BTreeMap<String, u64> = Default::default();
+    for (i, e) in events.iter().enumerate() {
+        let Some(ts) = e.ts.filter(|t| t.is_finite()) else {
+            continue;
+        };
+        let key = (e.pid.clone(), e.tid.clone());
+        match (&*e.ph, &*e.cat) {
+            ("i" | "I", _) if e.name == "[memory]" => threads.entry(key).or_default().push(Item {
+                ts,
+                class: 1,
+                end: ts,
+                index: i,
+            }),
+            ("X", "cpu_op" | "python_function" | "user_annotation") => {
+                let dur = e.dur.filter(|d| d.is_finite() && *d >= 0.0).unwrap_or(0.0);
+                threads.entry(key).or_default().push(Item {
+                    ts,
+                    class: 0,
+                    end: ts + dur,
+                    index: i,
+                })
+            }
+            ("M", _) => {}
+            (ph, cat) => {
+                *unmapped
+                    .entry(format!("events of phase `{ph}`, category `{cat}`"))
+                    .or_default() += 1;
+            }
+        }
+    }
+    let mut by_addr: FxHashMap<u64, Vec<(f64, &str)>> = FxHashMap::default();
+    for c in categories {
+        by_addr
+            .entry(c.addr)
+            .or_default()
+            .push((c.ts_us, &c.category));
+    }
+    let mut overflowed = false;
+    let mut devices: Vec<u32> = Vec::new();
+    let mut keys: Vec<_> = threads.keys().cloned().collect();
+    keys.sort_by_key(|k| format!("{k:?}"));
+    for key in keys {
+        let mut items = threads.remove(&key).unwrap_or_default();
+        items.sort_by(|a, b| {
+            a.ts.total_cmp(&b.ts)
+                .then(a.class.cmp(&b.class))
+                .then(b.end.total_cmp(&a.end))
+        });
+        // Open scopes: (end, stack, frames).
+        let mut open: Vec<(f64, Stack, Vec<Frame>)> = Vec::new();
+        let mut live: FxHashMap<(u32, u64), ()> = FxHashMap::default();
+        for it in items {
+            let e = &events[it.index];
+            if it.class == 0 {
+                while open.last().is_some_and(|o| o.0 <= it.ts) {
+                    open.pop();
+                }
+            } else {
+                while open.last().is_some_and(|o| o.0 < it.ts) {
+                    open.pop();
+                }
+            }
+            let parent = open.last().map(|o| (o.1, o.2.clone()));
+            if it.class == 0 {
+                if let Some(n) = step_number(&e.name) {
+                    ev.push(ns(it.ts), Ev::epoch(true, n));
+                    ev.push(ns(it.end), Ev::epoch(false, n));
+                    continue;
+                }
+                let mut frames = parent.map(|p| p.1).unwrap_or_default();
+                frames.push(scope_frame(&e.cat, &e.name));
+                let stack = ev.intern(frames.clone());
+                ev.push(ns(it.end), Ev::scope(ns(it.ts), stack));
+                open.push((it.end, stack, frames));
+                continue;
+            }
+            let a = e.args.as_ref();
+            let (Some(bytes), Some(addr)) = (a.and_then(|a| a.bytes), a.and_then(|a| a.addr))
+            else {
+                *unmapped
+                    .entry("memory events without `Bytes` or `Addr`".into())
+                    .or_default() += 1;
+                continue;
+            };
+            let device = match a.and_then(|a| a.device_type) {
+                Some(1) => a.and_then(|a| a.device_id).unwrap_or(0).clamp(0, 255) as u32,
+                _ => cpu_device,
+            };
+            devices.push(device);
+            let t = ns(it.ts);
+            let size = bytes.unsigned_abs();
+            if bytes > 0 {
+                live.insert((device, addr), ());
+                let mut frames = parent.map(|p| p.1).unwrap_or_default();
+                if let Some(c) = nearest(&by_addr, addr, it.ts) {
+                    frames.push(label(c));
+                }
+                let stack = ev.intern(frames);
+                ev.push(t, Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
+                ev.push(t, Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
+            } else if bytes < 0 {
+                if live.remove(&(device, addr)).is_none() {
+                    overflowed = true;
+                    let mut frames = vec![before_trace()];
+                    frames.extend(parent.map(|p| p.1).unwrap_or_default());
+                    let stack = ev.intern(frames);
+                    ev.push_initial(Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
+                    ev.push_initial(Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
+                }
+                ev.push(t, Ev::mem(EvKind::Free, device, 0, addr, size, Stack::NONE));
+                ev.push(
+                    t,
+                    Ev::mem(EvKind::Release, device, 0, addr, size, Stack::NONE),
+                );
+            }
+            ev.end = ev.end.max(t);
+        }
+    }
+    devices.sort_unstable();
+    devices.dedup();
+    if devices.is_empty() {
+        devices.push(cpu_device);
+    }
+    ev.devices = devices;
+    ev.cpu_device = Some(cpu_device);
+    ev.observed = true;
+    ev.overflowed = overflowed;
+    ev.unmapped = unmapped
+        .into_iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect();
+    Ok(ev)
+}
+
+fn nearest<'c>(
+    by_addr: &FxHashMap<u64, Vec<(f64, &'c str)>>,
+    addr: u64,
+    ts: f64,
+) -> Option<&'c str> {
+    by_addr
+        .get(&addr)?
+        .iter()
+        .min_by(|a, b| (a.0 - ts).abs().total_cmp(&(b.0 - ts).abs()))
+        .map(|c| c.1)
+}
+
+/// The frame of a complete event: operators are functions, `nn.Module: Name_N` links,
+/// `file.py(line): name` calls user scopes at their file and line.
+fn scope_frame(cat: &str, name: &str) -> Frame {
+    let frame = |kind, file: &str, line, name: &str| Frame {
+        kind,
+        phase: Phase::None,
+        file: file.to_owned(),
+        line,
+        name: name.to_owned(),
+    };
+    if cat == "cpu_op" {
+        return frame(FrameKind::Function, "", 0, name);
+    }
+    if let Some(m) = name.strip_prefix("nn.Module: ") {
+        let class = match m.rsplit_once('_') {
+            Some((c, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => c,
+            _ => m,
+        };
+        return frame(FrameKind::Link, "", 0, class);
+    }
+    if let Some((loc, func)) = name.split_once("): ") {
+        if let Some((file, line)) = loc.rsplit_once('(') {
+            if let Ok(line) = line.parse() {
+                return frame(FrameKind::Scope, file, line, func);
+            }
+        }
+    }
+    frame(FrameKind::Scope, "", 0, name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_of_ranges() {
+        let f = scope_frame("python_function", "nn.Module: Linear_0");
+        assert_eq!((f.kind, f.name.as_str()), (FrameKind::Link, "Linear"));
+        let f = scope_frame(
+            "python_function",
+            "torch/nn/modules/linear.py(130): forward",
+        );
+        assert_eq!(
+            (f.file.as_str(), f.line, f.name.as_str()),
+            ("torch/nn/modules/linear.py", 130, "forward")
+        );
+        let f = scope_frame("cpu_op", "aten::addmm");
+        assert_eq!(f.kind, FrameKind::Function);
+    }
+
+    #[test]
+    fn memory_nests_under_the_open_operator() {
+        let json = br#"{"traceEvents": [
+            {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#4", "pid": 1, "tid": 1, "ts": 100.0, "dur": 50.0},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 110.0, "dur": 5.0},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 111.0, "args": {"Bytes": 512, "Addr": 4096, "Device Type": 0, "Device Id": -1}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 120.0, "args": {"Bytes": -512, "Addr": 4096, "Device Type": 0, "Device Id": -1}},
+            {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 121.0, "args": {"Bytes": -256, "Addr": 8192, "Device Type": 0, "Device Id": -1}}
+        ]}"#;
+        let ev = convert(json, FrameFilter::Viewer).unwrap();
+        assert!(ev.overflowed, "a free of an address never allocated");
+        assert_eq!(
+            ev.stacks
+                .iter()
+                .filter(|s| s.last().is_some_and(|f| f.name == "aten::empty"))
+                .count(),
+            1
+        );
+        assert!(convert(b"{}", FrameFilter::Viewer).is_err());
+        assert!(convert(b"{\"traceEvents\": []}", FrameFilter::Viewer).is_err());
+    }
+}

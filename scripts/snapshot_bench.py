@@ -1,0 +1,166 @@
+"""Reading a PyTorch memory snapshot: poolsight against PyTorch's own ``_memory_viz``.
+
+Writes a snapshot in the layout of ``torch.cuda.memory._snapshot()`` (``--entries`` trace
+entries with ``--depth`` frames each, a few thousand distinct tracebacks, each entry with
+frame dicts of its own as in PyTorch's snapshots; blocks live at the end in ``segments``), pickled as
+``_dump_snapshot`` does, then times, on the same file:
+
+- poolsight: ``import`` (MB/s of pickle, peak memory), ``report`` on the snapshot and on the
+  converted trace;
+- PyTorch: ``pickle.load`` plus ``_memory_viz.trace`` and ``segsum`` (what ``python -m
+  torch.cuda._memory_viz trace|stats`` run), and ``pickle.load`` plus ``memory``'s folded
+  stacks.
+
+Usage: python scripts/snapshot_bench.py [--entries 100000] [--depth 50] [--poolsight PATH]
+(the release binary, target/release/poolsight, by default). Prints one table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    files = [f"/src/project/model/layer_{i}.py" for i in range(40)]
+    frame_pool = [
+        {"filename": rng.choice(files), "line": rng.randrange(1, 2000), "name": f"fn_{i}"}
+        for i in range(4 * depth)
+    ]
+    tracebacks = [
+        [frame_pool[rng.randrange(len(frame_pool))] for _ in range(depth)] for _ in range(stacks)
+    ]
+
+    def frames() -> list:
+        # Each entry has frame dicts of its own, as in PyTorch's snapshots (only the strings
+        # are shared), so the pickle holds every frame: about 1 KB per entry at 50 frames.
+        return [dict(f) for f in rng.choice(tracebacks)]
+
+    base = 0x7F0000000000
+    trace, live, t = [], {}, 1_700_000_000_000_000
+    trace.append(
+        {"action": "segment_alloc", "addr": base, "size": 1 << 34, "stream": 0, "time_us": t,
+         "frames": frames()}
+    )
+    next_addr = base
+    while len(trace) < entries:
+        t += rng.randrange(1, 50)
+        if live and (len(live) > 2000 or rng.random() < 0.45):
+            addr = rng.choice(list(live)) if len(live) < 64 else next(iter(live))
+            size = live.pop(addr)
+            for action in ("free_requested", "free_completed"):
+                trace.append(
+                    {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
+                     "frames": frames()}
+                )
+        else:
+            size = 512 * rng.randrange(1, 4096)
+            addr = next_addr
+            next_addr += size
+            live[addr] = size
+            trace.append(
+                {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t,
+                 "frames": frames()}
+            )
+    total = next_addr - base
+    trace[0]["size"] = total
+    blocks, addr = [], base
+    for a in sorted(live):
+        if a > addr:
+            blocks.append({"address": addr, "size": a - addr, "requested_size": 0,
+                           "state": "inactive", "frames": []})
+        blocks.append({"address": a, "size": live[a], "requested_size": live[a],
+                       "state": "active_allocated", "frames": frames()})
+        addr = a + live[a]
+    if base + total > addr:
+        blocks.append({"address": addr, "size": base + total - addr, "requested_size": 0,
+                       "state": "inactive", "frames": []})
+    seg = {"device": 0, "address": base, "total_size": total, "stream": 0,
+           "segment_type": "large", "allocated_size": 0, "active_size": 0,
+           "requested_size": 0, "segment_pool_id": (0, 0), "is_expandable": False,
+           "blocks": blocks}
+    return {"segments": [seg], "device_traces": [trace], "allocator_settings": {}}
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (bytes) of a command, run from a fresh interpreter so that
+    its children's maximum RSS is this command's."""
+    script = (
+        "import resource, subprocess, sys, time\n"
+        "t0 = time.perf_counter()\n"
+        "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
+        "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, *cmd], check=True, capture_output=True,
+                         text=True).stdout.split()
+    return float(out[-2]), int(out[-1]) * 1024
+
+
+def python_timed(code: str, path: str) -> tuple[float, int]:
+    script = (
+        "import pickle, resource, sys, time\n"
+        "from torch.cuda import _memory_viz as mv\n"
+        "t0 = time.perf_counter()\n"
+        f"data = pickle.load(open({path!r}, 'rb'))\n"
+        f"{code}\n"
+        "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
+                         text=True).stdout.split()
+    return float(out[-2]), int(out[-1]) * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=int, default=100_000)
+    ap.add_argument("--depth", type=int, default=50)
+    ap.add_argument("--stacks", type=int, default=5000)
+    ap.add_argument("--poolsight", default="target/release/poolsight")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    exe = args.poolsight if os.path.exists(args.poolsight) else shutil.which("poolsight")
+    tmp = tempfile.mkdtemp(prefix="snapshot-bench-")
+    try:
+        snap = os.path.join(tmp, "snapshot.pickle")
+        with open(snap, "wb") as f:
+            pickle.dump(make_snapshot(args.entries, args.depth, args.stacks), f)
+        size = os.path.getsize(snap)
+        trace = os.path.join(tmp, "snapshot.pstrace")
+
+        def best(fn):
+            runs = [fn() for _ in range(args.repeats)]
+            return min(r[0] for r in runs), max(r[1] for r in runs)
+
+        imp = best(lambda: timed([exe, "import", snap, "-o", trace, "--force"]))
+        rep_snap = best(lambda: timed([exe, "report", snap]))
+        rep_trace = best(lambda: timed([exe, "report", trace]))
+        viz_trace = best(lambda: python_timed("mv.trace(data); mv.segsum(data)", snap))
+        viz_mem = best(
+            lambda: python_timed("mv.memory(data, format_flamegraph=lambda s: s)", snap)
+        )
+        mb = size / 1e6
+        print(f"snapshot: {args.entries} entries, {args.depth} frames each, "
+              f"{args.stacks} distinct stacks, {mb:.1f} MB pickle")
+        rows = [
+            ("poolsight import", imp),
+            ("poolsight report (snapshot)", rep_snap),
+            ("poolsight report (converted trace)", rep_trace),
+            ("_memory_viz load + trace + segsum", viz_trace),
+            ("_memory_viz load + memory", viz_mem),
+        ]
+        print(f"{'what':<38}{'seconds':>9}{'MB/s':>9}{'peak RSS':>11}{'x pickle':>10}")
+        for name, (sec, rss) in rows:
+            print(f"{name:<38}{sec:>9.3f}{mb / sec:>9.1f}{rss / 1e6:>9.1f}MB{rss / size:>10.2f}")
+        print(f"report on the snapshot / on the converted trace: {rep_snap[0] / rep_trace[0]:.2f}x")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

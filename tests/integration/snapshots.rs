@@ -1,0 +1,277 @@
+//! PyTorch's files as inputs (fixtures/pytorch, written by make.py): every command reads a
+//! snapshot or a profiler trace where it reads a trace; `import` converts once to the same
+//! figures; a snapshot cut at every byte or with any bit flipped, a hostile pickle, and files
+//! that are neither give one error line and exit 2, or a result — never a panic.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{cli, scratch, Outcome};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/pytorch")
+        .join(name)
+}
+
+fn ok(o: &Outcome) {
+    assert_eq!(o.code, 0, "stdout: {}\nstderr: {}", o.stdout, o.stderr);
+}
+
+/// Exit 0, or exit 2 with one line; never a panic.
+fn contract(o: &Outcome) {
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    match o.code {
+        0 => {}
+        2 => assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr),
+        c => panic!("exit {c}: {}", o.stderr),
+    }
+}
+
+#[test]
+fn every_command_reads_a_snapshot() {
+    let snap = fixture("snapshot_small.pickle");
+    let s = snap.to_str().unwrap();
+    let out = scratch::file("out");
+    let dir = scratch::file("dataset");
+    let (o, d) = (out.to_str().unwrap(), dir.to_str().unwrap());
+    for args in [
+        vec!["info", s],
+        vec!["functions", s],
+        vec!["lines", s],
+        vec!["timers", s],
+        vec!["epochs", s],
+        vec!["report", s],
+        vec!["flamegraph", "-o", o, "--metric", "peak", s],
+        vec!["timeline", "-o", o, s],
+        vec!["html", "-o", o, s],
+        vec!["export", "--format", "chrome", "-o", o, s],
+        vec!["export", "--format", "parquet", "-o", d, s],
+        vec!["pack", s, "-o", o],
+    ] {
+        let r = cli(&args);
+        ok(&r);
+        assert!(!r.stderr.contains("warning"), "{args:?}: {}", r.stderr);
+    }
+    let info = cli(&["info", "--format", "json", s]).json();
+    // The hand-made run (make.py): 8 blocks of 512 B x i, the first 6 freed, one of 4 KiB.
+    let pool = &info["pool"];
+    assert_eq!(pool["peak_used_bytes"], 36 * 512);
+    assert_eq!(pool["used_at_end_bytes"], (7 + 8) * 512 + 4096);
+    assert_eq!(pool["out_of_memory"], 1);
+    assert_eq!(info["events"]["free_requested"], 6);
+    assert_eq!(info["events"]["device_free"], 1);
+    assert_eq!(info["imported_from"]["kind"], "pytorch-snapshot");
+    assert_eq!(info["imported_from"]["overflowed"], false);
+    let epochs = cli(&["epochs", "--format", "json", s]).json();
+    assert_eq!(epochs["epochs"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn frames_are_filtered_as_the_viewer_does() {
+    let s = fixture("snapshot_small.pickle");
+    let s = s.to_str().unwrap();
+    let viewer = cli(&["lines", s]).stdout;
+    assert!(viewer.contains("train.py:12:forward"), "{viewer}");
+    assert!(
+        !viewer.contains("unwind")
+            && !viewer.contains("ceval")
+            && !viewer.contains("CUDACachingAllocator")
+    );
+    let all = cli(&["lines", "--frames", "all", s]).stdout;
+    assert!(all.contains("??:0:torch::unwind::unwind()"), "{all}");
+    let bad = cli(&["lines", "--frames", "most", s]);
+    assert_eq!(bad.code, 2);
+}
+
+#[test]
+fn import_converts_once_and_ranks_merge() {
+    let dir = scratch::dir();
+    let one = dir.join("one.pstrace");
+    let r = cli(&[
+        "import",
+        fixture("snapshot_small.pickle").to_str().unwrap(),
+        "-o",
+        one.to_str().unwrap(),
+    ]);
+    ok(&r);
+    let s = fixture("snapshot_small.pickle");
+    for cmd in ["report", "lines"] {
+        assert_eq!(
+            cli(&[cmd, one.to_str().unwrap()]).stdout,
+            cli(&[cmd, s.to_str().unwrap()]).stdout
+        );
+    }
+    // Two snapshots: ranks 0 and 1 of one job, one file each, merged as native traces are.
+    let out = dir.join("ranks");
+    let r = cli(&[
+        "import",
+        fixture("snapshot_small.pickle").to_str().unwrap(),
+        fixture("snapshot_grown.pickle").to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    ok(&r);
+    let a = out.join("snapshot_small.pstrace");
+    let b = out.join("snapshot_grown.pstrace");
+    let merged = cli(&["info", "--format", "json", a.to_str().unwrap()]).json();
+    assert_eq!(merged["rank"], 0);
+    let r = cli(&[
+        "report",
+        "--per-rank",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
+    ok(&r);
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
+    // Directly, too.
+    ok(&cli(&[
+        "report",
+        fixture("snapshot_small.pickle").to_str().unwrap(),
+        fixture("snapshot_grown.pickle").to_str().unwrap(),
+    ]));
+}
+
+#[test]
+fn diff_of_two_snapshots_gates_and_names_the_stacks() {
+    let (a, b) = (
+        fixture("snapshot_small.pickle"),
+        fixture("snapshot_grown.pickle"),
+    );
+    let r = cli(&[
+        "diff",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--fail-on",
+        "peak_used>+10%",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    let j = r.json();
+    let row = j["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["key"] == "line:train.py:10:main;train.py:11:step;train.py:12:forward.live_at_peak"
+        })
+        .expect("the stack that grew at the peak");
+    assert_eq!(row["delta"].as_i64().unwrap(), 2 * 18 * 1024);
+    let same = cli(&[
+        "diff",
+        a.to_str().unwrap(),
+        a.to_str().unwrap(),
+        "--fail-on",
+        "peak_used>+10%",
+    ]);
+    assert_eq!(same.code, 0, "{}", same.stderr);
+}
+
+#[test]
+fn a_profiler_trace_gives_functions_links_and_steps() {
+    let p = fixture("profile_small.json");
+    let p = p.to_str().unwrap();
+    let f = cli(&["functions", "--format", "json", p]).json();
+    let rows = f["functions"].as_array().unwrap();
+    let addmm = rows.iter().find(|r| r["name"] == "aten::addmm").unwrap();
+    assert_eq!(addmm["used_bytes"], 5120);
+    let linear = rows.iter().find(|r| r["name"] == "aten::linear").unwrap();
+    assert_eq!(
+        linear["used_bytes"], 5120,
+        "nested calls count in the caller"
+    );
+    let t = cli(&["timers", "--format", "json", p]).json();
+    assert_eq!(t["links"][0]["name"], "Linear");
+    let info = cli(&["info", "--format", "json", p]).json();
+    assert_eq!(
+        info["imported_from"]["overflowed"], true,
+        "a free of 256 B never allocated"
+    );
+    assert_eq!(info["pool"]["peak_used_bytes"], 256 + 4096 + 1024);
+    let lines = cli(&["lines", p]).stdout;
+    assert!(
+        lines.contains("torch/nn/modules/linear.py:125:forward"),
+        "{lines}"
+    );
+    let e = cli(&["epochs", "--format", "json", p]).json();
+    assert_eq!(e["epochs"][0]["epoch"], 0);
+}
+
+#[test]
+fn hostile_pickles_are_refused_without_running() {
+    let dir = scratch::dir();
+    // pickle.dumps of an object whose __reduce__ is (os.system, ('touch pwned',)), protocol 2
+    let hostile = b"\x80\x02cposix\nsystem\nq\x00X\x0b\x00\x00\x00touch pwnedq\x01\x85q\x02Rq\x03.";
+    let p = dir.join("evil.pickle");
+    std::fs::write(&p, hostile).unwrap();
+    let r = cli(&["report", p.to_str().unwrap()]);
+    assert_eq!(r.code, 2);
+    assert!(
+        r.stderr.contains("refused") && r.stderr.contains("posix.system"),
+        "{}",
+        r.stderr
+    );
+    assert_eq!(r.stderr.trim().lines().count(), 1);
+    assert!(!Path::new(env!("CARGO_MANIFEST_DIR")).join("pwned").exists());
+    for (name, bytes) in [
+        ("empty.pickle", &b""[..]),
+        ("text.pickle", b"hello world"),
+        ("list.pickle", b"\x80\x02]q\x00(K\x01K\x02e."),
+        ("dict.pickle", b"\x80\x02}q\x00X\x01\x00\x00\x00aK\x01s."),
+        ("huge.pickle", b"\x80\x02X\xff\xff\xff\xff"),
+        ("json.json", b"{\"traceEvents\": 5}"),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let r = cli(&["info", p.to_str().unwrap()]);
+        contract(&r);
+        if name != "text.pickle" {
+            assert_eq!(r.code, 2, "{name}: {}", r.stdout);
+        }
+    }
+}
+
+/// Cut at every byte, and each bit of each byte flipped: one line and exit 2, or a result.
+/// Through the library (the CLI's conversion): a panic fails the test.
+#[test]
+fn truncated_and_flipped_snapshots_never_panic() {
+    let bytes = std::fs::read(fixture("snapshot_small.pickle")).unwrap();
+    let dir = scratch::dir();
+    let input = dir.join("in.pickle");
+    let opts = poolsight::import::Options {
+        overwrite: true,
+        ..Default::default()
+    };
+    let out = dir.join("out.pstrace");
+    let mut refused = 0;
+    for cut in 0..bytes.len() {
+        std::fs::write(&input, &bytes[..cut]).unwrap();
+        let r = poolsight::import::convert_file(&input, &out, &opts, None);
+        assert!(r.is_err(), "a snapshot cut at {cut} read as whole");
+        refused += 1;
+    }
+    assert_eq!(refused, bytes.len());
+    // Each bit of each byte flipped: the reader and the conversion in memory (where a panic
+    // would be), and every 97th through the whole conversion, writing its trace.
+    let mut flipped = bytes.clone();
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            flipped[i] ^= 1 << bit;
+            if let Ok(p) = poolsight::import::pickle::Pickle::parse(&flipped, None) {
+                let _ = poolsight::import::snapshot::convert(&p, Default::default());
+            }
+            if (i * 8 + bit) % 97 == 0 {
+                std::fs::write(&input, &flipped).unwrap();
+                if let Err(e) = poolsight::import::convert_file(&input, &out, &opts, None) {
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                }
+            }
+            flipped[i] ^= 1 << bit;
+        }
+    }
+    // And one cut through the CLI: one line, exit 2.
+    std::fs::write(&input, &bytes[..bytes.len() / 2]).unwrap();
+    let r = cli(&["report", input.to_str().unwrap()]);
+    assert_eq!(r.code, 2);
+    assert!(r.stderr.contains("truncated"), "{}", r.stderr);
+}
