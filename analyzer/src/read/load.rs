@@ -94,7 +94,14 @@ fn run_of(t: &Trace) -> (&[String], Option<u32>) {
 /// Whether two headers are of one recording (the same file, or a copy of it): same process,
 /// host and start.
 pub fn same_recording(a: &Header, b: &Header) -> bool {
-    (a.pid, &a.host, a.unix_ns, a.ticks0) == (b.pid, &b.host, b.unix_ns, b.ticks0)
+    // An imported trace is its source file: one process may convert several in one instant.
+    let source = |h: &Header| {
+        h.import
+            .as_ref()
+            .map(|i| (i.path.clone(), i.bytes, i.entries))
+    };
+    (a.pid, &a.host, a.unix_ns, a.ticks0, source(a))
+        == (b.pid, &b.host, b.unix_ns, b.ticks0, source(b))
 }
 
 fn check_duplicates(traces: &[Trace]) -> Result<(), LoadError> {
