@@ -83,7 +83,7 @@ ensure_java
 
 echo "== building and installing the poolsight wheel"
 rm -rf target/wheels
-"$VENV/bin/maturin" build --quiet --release --manifest-path python/Cargo.toml --out target/wheels
+"$VENV/bin/maturin" build --quiet --manifest-path python/Cargo.toml --out target/wheels  # the wheel profile (python/pyproject.toml)
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
 
 CHAINER_VENV="${POOLSIGHT_CHAINER_VENV:-.venv-chainer}"
