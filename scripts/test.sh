@@ -83,8 +83,12 @@ ensure_java
 
 echo "== building and installing the poolsight wheel"
 rm -rf target/wheels
-"$VENV/bin/maturin" build --quiet --manifest-path python/Cargo.toml --out target/wheels  # the wheel profile (python/pyproject.toml)
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
+# The README's two lines, as written, with the environment's maturin and python first on PATH.
+(
+  export PATH="$(cd "$VENV" && pwd)/bin:$PATH"
+  maturin build --manifest-path python/Cargo.toml --out target/wheels
+  python -m pip install --force-reinstall --no-deps target/wheels/poolsight-*.whl
+)
 
 CHAINER_VENV="${POOLSIGHT_CHAINER_VENV:-.venv-chainer}"
 if [ -f python/requirements-chainer.txt ]; then

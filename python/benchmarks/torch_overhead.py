@@ -166,7 +166,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
-    ap.add_argument("--profile", action="store_true", help="cProfile track+hook once")
+    ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
+    ap.add_argument("--profile-variant", default="track+hook", help="the variant --profile runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,7 +207,7 @@ def main() -> None:
 
             prof = cProfile.Profile()
             prof.enable()
-            run_once(table["track+hook"], args.steps)  # cProfile: all of it
+            run_once(table[args.profile_variant], args.steps)  # cProfile: all of it
             prof.disable()
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
