@@ -21,7 +21,7 @@ except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
 from . import Recording, _observed
-from .torch import _tracking, empty_cache, hook, memory_stats, track
+from .torch import _hooked, _tracking, empty_cache, hook, memory_stats, track
 
 __all__ = ["PoolsightCallback"]
 
@@ -89,7 +89,8 @@ class PoolsightCallback(Callback):
             if self._track and not self._yours:
                 optimizers = list(getattr(trainer, "optimizers", None) or [])
                 self._tracker = stack.enter_context(track(pl_module, optimizers, rec))
-            if self._functions:
+            # As a hook() of your own on the module, if there is one.
+            if self._functions and not _hooked(rec, pl_module):
                 stack.enter_context(hook(pl_module, rec))
         except Exception as e:  # never into training: say it, train unrecorded
             stack.close()

@@ -858,6 +858,11 @@ class _Tracker:
         self._handles.clear()
 
 
+def _hooked(rec: Recording, model: torch.nn.Module) -> bool:
+    """Whether :func:`hook` is active on ``model`` for ``rec``."""
+    return rec._torch is not None and id(model) in rec._torch.hooked
+
+
 def _tracking(rec: Recording) -> bool:
     """Whether a :func:`track` is active for ``rec``."""
     return rec._torch is not None and rec._torch.tracker is not None

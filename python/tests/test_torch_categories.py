@@ -349,6 +349,7 @@ def fit(trace, callback, own_track=False):
     with poolsight.record(trace), ExitStack() as stack:
         if own_track:
             stack.enter_context(pst.track(module))
+            stack.enter_context(pst.hook(module))
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=16))
     return module
 
@@ -373,7 +374,7 @@ def test_lightning_callback_tracks_with_the_trainers_optimizer(trace):
 
 
 @needs_lightning
-def test_lightning_callback_composes_with_your_own_track(trace, capsys):
+def test_lightning_callback_composes_with_your_own_track_and_hook(trace, capsys):
     from poolsight.lightning import PoolsightCallback
 
     module = fit(trace, PoolsightCallback(), own_track=True)
