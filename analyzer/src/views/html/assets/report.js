@@ -9,6 +9,13 @@
   const BAND_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d"];
   const OTHER_COLOR = "#c7c7c7";
+  // PyTorch's memory categories keep their color in every view.
+  const CATEGORY_COLORS = { parameter: "#4e79a7", buffer: "#9c755f", input: "#76b7b2",
+    activation: "#f28e2b", temporary: "#edc948", gradient: "#e15759", optimizer_state: "#59a14f",
+    "(unlabelled)": "#bab0ac" };
+  // What the timeline can be stacked by, in the order the control offers them.
+  const STACKINGS = ["category", "module", "stack"];
+  const OTHER_LABEL = { stack: "other stacks", category: "other categories", module: "other modules" };
   const RUN_COLORS = ["#1f77b4", "#d62728"];
   const ROW = 18;
 
@@ -20,6 +27,8 @@
     range: null, // [ns0, ns1] shared by every timeline: one axis
     selected: null, // {run, point}
     timelines: [],
+    // How the timeline is stacked: a category when the trace has them, else by stack.
+    stackBy: data.runs.some((r) => r.bands.some((b) => b.by === "category")) ? "category" : "stack",
   };
 
   function el(tag, attrs, text) {
@@ -47,11 +56,16 @@
   function fmtMetric(metric, v) { return metric === "time" ? fmtNs(v) : fmtBytes(v); }
 
   function view() { return data.views[state.view]; }
-  function stackLabel(run, s) {
-    const path = run.stacks[s];
-    return path.length ? frames[path[path.length - 1]] : "(no stack)";
+  // A run's bands split one way ("stack", "category", "module"); by stack when it has no other.
+  function bandsBy(run, by) { return run.bands.find((b) => b.by === by) || run.bands[0]; }
+  function shownBands(run) { return bandsBy(run, state.stackBy); }
+  function groupPath(bs, g) { return bs.paths[g].map((f) => frames[f]); }
+  // The color of a band: its position among the run's own bands; a category's own color.
+  function bandColor(bs, j) {
+    const name = bs.names[bs.top[j]];
+    if (bs.by === "category" && CATEGORY_COLORS[name]) return CATEGORY_COLORS[name];
+    return BAND_COLORS[j % BAND_COLORS.length];
   }
-  function stackPath(run, s) { return run.stacks[s].map((f) => frames[f]); }
 
   // ---- tooltip ----
   const tooltip = $("tooltip");
@@ -66,14 +80,14 @@
   function hideTip() { tooltip.hidden = true; }
 
   // ---- timeline ----
-  // Per point, the bytes of each top stack then "other" (used minus the top stacks), so the
+  // Per point, the bytes of each top group then "other" (used minus the top groups), so the
   // stack's top is the point's used maximum exactly.
-  function bandsOf(run) {
-    const k = run.top.length;
-    const pos = new Map(run.top.map((s, i) => [s, i]));
+  function bandsOf(run, bs) {
+    const k = bs.top.length;
+    const pos = new Map(bs.top.map((s, i) => [s, i]));
     return run.used.map((used, i) => {
       const b = new Float64Array(k + 1);
-      const live = run.live[i] || [];
+      const live = bs.live[i] || [];
       let sum = 0;
       for (let j = 0; j < live.length; j += 2) {
         const at = pos.get(live[j]);
@@ -109,7 +123,8 @@
       overlay ? runs.map((r, i) => (i ? "new: " : "base: ") + r.name).join("   vs   ") : runs[0].name);
     const canvas = el("canvas", { class: "timeline" });
     container.append(title, canvas);
-    const bands = runs.map(bandsOf);
+    const sets = runs.map(shownBands);
+    const bands = runs.map((r, i) => bandsOf(r, sets[i]));
     const M = { l: 72, r: 12, t: 14, b: 24 };
     let ymax = 1;
     runs.forEach((r) => { ymax = Math.max(ymax, r.peak_used_bytes, r.peak_acquired_bytes); });
@@ -168,7 +183,7 @@
       g.save();
       g.beginPath(); g.rect(M.l, 0, W - M.l - M.r, H - M.b); g.clip();
       if (!overlay) {
-        const r = runs[0], bs = bands[0], k = r.top.length;
+        const r = runs[0], bs = bands[0], k = sets[0].top.length;
         for (let i = 0; i < r.t.length; i++) {
           const xa = X(r.t[i]), xb = X(endOf(r, i));
           if (xb < M.l || xa > W - M.r) continue;
@@ -177,7 +192,7 @@
           for (let j = 0; j <= k; j++) {
             const v = bs[i][j];
             if (v <= 0) continue;
-            g.fillStyle = j < k ? BAND_COLORS[j % BAND_COLORS.length] : OTHER_COLOR;
+            g.fillStyle = j < k ? bandColor(sets[0], j) : OTHER_COLOR;
             g.fillRect(xa, Y(cum + v), w, Y(cum) - Y(cum + v));
             cum += v;
           }
@@ -238,14 +253,14 @@
       const r = h.r, i = h.i;
       let head = "";
       if (h.band >= 0) {
-        const k = r.top.length;
-        const bytes = bands[overlay ? 1 : 0][i][h.band];
+        const bs = sets[0], k = bs.top.length;
+        const bytes = bands[0][i][h.band];
         if (h.band < k) {
-          const s = r.top[h.band];
-          head = stackLabel(r, s) + "\n" + fmtBytes(bytes) + " live (" + fmtCount(bytes) + " bytes)\n" +
-            "stack: " + stackPath(r, s).join(" \u2192 ") + "\n\n";
+          const g = bs.top[h.band], path = groupPath(bs, g);
+          head = bs.names[g] + "\n" + fmtBytes(bytes) + " live (" + fmtCount(bytes) + " bytes)\n" +
+            (path.length ? bs.by + ": " + path.join(" \u2192 ") + "\n" : "") + "\n";
         } else {
-          head = "other stacks\n" + fmtBytes(bytes) + " live\n\n";
+          head = OTHER_LABEL[bs.by] + "\n" + fmtBytes(bytes) + " live\n\n";
         }
       }
       const lines = overlay ? runs.map((q, k) => {
@@ -316,6 +331,29 @@
 
   function drawTimelines() { state.timelines.forEach((t) => t.draw()); }
 
+  // The stacking control: the ways the view's runs can be stacked, when there is a choice.
+  function renderStackBy() {
+    const box = $("stack-by");
+    box.textContent = "";
+    const have = data.diff ? [] : STACKINGS.filter((by) => view().runs.some((i) => data.runs[i].bands.some((b) => b.by === by)));
+    box.hidden = have.length < 2;
+    if (!have.includes(state.stackBy)) state.stackBy = have.includes("category") ? "category" : "stack";
+    box.append("Stack by ");
+    for (const by of have) {
+      const b = el("button", { "data-by": by }, by);
+      b.classList.toggle("active", by === state.stackBy);
+      b.addEventListener("click", () => setStackBy(by));
+      box.append(b);
+    }
+  }
+
+  function setStackBy(by) {
+    state.stackBy = by;
+    renderStackBy();
+    renderTimelines();
+    if (state.selected) selectInstant(state.selected.run, state.selected.point);
+  }
+
   function renderTimelines() {
     const box = $("timelines");
     box.textContent = "";
@@ -345,9 +383,10 @@
       item(RUN_COLORS[1], "new used"); item(RUN_COLORS[1], "new acquired", true);
       return;
     }
-    const r = data.runs[view().runs[0]];
-    r.top.forEach((s, j) => item(BAND_COLORS[j % BAND_COLORS.length], stackLabel(r, s)));
-    item(OTHER_COLOR, "other stacks");
+    const bs = shownBands(data.runs[view().runs[0]]);
+    lg.dataset.by = bs.by;
+    bs.top.forEach((g, j) => item(bandColor(bs, j), bs.names[g]));
+    item(OTHER_COLOR, OTHER_LABEL[bs.by]);
     item("#263238", "acquired (held from the device)");
   }
 
@@ -490,14 +529,14 @@
     state.selected = { run: runIndex, point };
     drawTimelines();
     const r = data.runs[runIndex];
-    const live = r.live[point] || [];
+    const stacks = bandsBy(r, "stack");
+    const live = stacks.live[point] || [];
     const root = { name: "all", value: 0, self: 0, children: [] };
-    const rows = [];
     for (let j = 0; j < live.length; j += 2) {
       const s = live[j], bytes = live[j + 1];
       let node = root;
       root.value += bytes;
-      for (const f of r.stacks[s]) {
+      for (const f of stacks.paths[s]) {
         const name = frames[f];
         let c = node.children.find((x) => x.name === name);
         if (!c) { c = { name, value: 0, self: 0, children: [] }; node.children.push(c); }
@@ -505,29 +544,40 @@
         node = c;
       }
       node.self += bytes;
-      rows.push({ stack: stackPath(r, s).join(" \u2192 "), leaf: stackLabel(r, s), bytes });
     }
-    const other = r.live_other[point] || 0;
+    const other = stacks.other[point] || 0;
     if (other > 0) {
       root.value += other;
       root.children.push({ name: "(smaller stacks)", value: other, self: other, children: [] });
-      rows.push({ stack: "(smaller stacks)", leaf: "(smaller stacks)", bytes: other });
     }
+    // The table lists the instant's bytes the way the timeline is stacked.
+    const bs = shownBands(r), rows = [];
+    const groups = bs.live[point] || [];
+    for (let j = 0; j < groups.length; j += 2) {
+      const g = groups[j];
+      rows.push({ name: bs.names[g], path: groupPath(bs, g).join(" \u2192 "), bytes: groups[j + 1] });
+    }
+    const smaller = bs.other[point] || 0;
+    if (smaller > 0) rows.push({ name: "(smaller " + OTHER_LABEL[bs.by].slice(6) + ")", path: "", bytes: smaller });
     const isPeak = r.used[point] === r.peak_used_bytes;
     $("live-title").textContent = "Live at " + fmtNs(r.t[point]) + " \u2013 " + fmtNs(r.t[point] + r.bucket_ns) +
-      (isPeak ? " (the peak)" : "") + ": " + fmtBytes(root.value) + (data.runs.length > 1 ? " in " + r.name : "");
+      (isPeak ? " (the peak)" : "") + ": " + fmtBytes(root.value) + (data.runs.length > 1 ? " in " + r.name : "") +
+      ", by " + bs.by;
     $("live-section").dataset.liveBytes = String(root.value);
     Flame($("live-flame"), root, {
       color: (n) => memColor(n.name),
       tip: (n) => n.name + "\n" + fmtBytes(n.value) + " live (" + fmtCount(n.value) + " bytes)",
       empty: "Nothing live at this instant.",
     }).draw();
-    sortableTable($("live-table"), [
-      { key: "leaf", label: "stack (innermost frame)", text: true },
+    const columns = [
+      { key: "name", label: bs.by, text: true },
       { key: "bytes", label: "live bytes", fmt: fmtBytes },
       { key: "bytes", label: "exact bytes", fmt: fmtCount },
-      { key: "stack", label: "full stack, outermost first", text: true, cls: "stack" },
-    ], rows, 1, -1);
+    ];
+    if (bs.by !== "category") {
+      columns.push({ key: "path", label: bs.by === "stack" ? "full stack, outermost first" : "module, outermost first", text: true, cls: "stack" });
+    }
+    sortableTable($("live-table"), columns, rows, 1, -1);
   }
 
   function goToPeak() {
@@ -610,6 +660,7 @@
   function renderView() {
     state.range = state.range || fullRange();
     renderSummary();
+    renderStackBy();
     renderTimelines();
     renderFlame();
     renderTables();
@@ -645,7 +696,7 @@
       resize = setTimeout(() => { drawTimelines(); if (mainFlame) mainFlame.draw(); }, 100);
     });
     renderView();
-    window.poolsight = { data, state, selectInstant, goToPeak, timelines: () => state.timelines };
+    window.poolsight = { data, state, selectInstant, goToPeak, setStackBy, timelines: () => state.timelines };
     window.poolsightReadyMs = performance.now();
     document.body.dataset.ready = "1";
   }
