@@ -182,6 +182,29 @@ test("the stacking control stacks the timeline by category, module or stack, eac
   await page.close();
 });
 
+test("the category section shows poolsight categories' figures, only for a trace with categories", async () => {
+  const trace = fixture("torch/categories");
+  const want = JSON.parse(poolsight("categories", "--format", "json", trace));
+  const { page, errors } = await open(report([trace], "torch-categories"));
+  assert.ok(await page.isVisible("#categories-section"));
+  const bar = await page.$$eval("#category-peak span", (ss) => ss.map((s) => [s.dataset.category, Number(s.dataset.bytes)]));
+  assert.deepEqual(bar, want.categories.map((c) => [c.category, c.at_peak_bytes]));
+  assert.equal(Number(await page.getAttribute("#category-peak", "data-total-bytes")), want.peak_used_bytes);
+  assert.equal(await page.locator("canvas.category-chart").count(), 1);
+  const modules = await page.$$eval("#categories-section #modules-table tbody tr", (trs) => trs.map((tr) => tr.cells[0].textContent.trim()));
+  assert.deepEqual(modules, want.modules.map((m) => m.module.split("/").pop()));
+  assert.equal(await page.locator("#modules-table").count(), 1, "shown once, in the section");
+  assert.deepEqual(errors, []);
+  await page.close();
+
+  const plain = await open(report([fixture("chainer_nested")], "chainer-categories"));
+  assert.ok(await plain.page.isHidden("#categories-section"));
+  assert.ok(await plain.page.isVisible("#stack-by"), "links: by module or by stack");
+  assert.deepEqual(await plain.page.$$eval("#stack-by button", (bs) => bs.map((b) => b.textContent)), ["module", "stack"]);
+  assert.deepEqual(plain.errors, []);
+  await plain.page.close();
+});
+
 test("searching the flamegraph highlights matching frames; clicking zooms", async () => {
   const { page, errors } = await open(report([fixture("chainer_nested")], "chainer-search"));
   await page.click("#metrics button[data-metric=used]");

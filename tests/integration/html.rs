@@ -5,7 +5,7 @@
 //! names from user code reach the page only as escaped data. (tests/browser/ opens the page in
 //! Chromium.)
 
-use crate::support::{fixture, record_on_pool, scratch};
+use crate::support::{cli, fixture, record_on_pool, scratch};
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -159,6 +159,19 @@ fn by<'d>(d: &'d ReportData, run: usize, by: &str) -> &'d Bands {
         .unwrap_or_else(|| panic!("no bands by {by}"))
 }
 
+/// Bytes of `group` at each point of `bands`.
+fn series_of(bands: &Bands, group: u32) -> Vec<u64> {
+    bands
+        .live
+        .iter()
+        .map(|flat| {
+            flat.chunks(2)
+                .find(|p| p[0] == u64::from(group))
+                .map_or(0, |p| p[1])
+        })
+        .collect()
+}
+
 #[test]
 fn the_timeline_stacks_by_category_module_or_stack_as_the_trace_allows() {
     let ways = |name: &str| -> Vec<&'static str> {
@@ -262,6 +275,60 @@ fn a_grouping_counts_every_live_stack_not_only_those_kept() {
             };
             assert_eq!(total(o), total(a), "point {i}");
         }
+    }
+}
+
+#[test]
+fn the_category_section_shows_the_figures_of_poolsight_categories() {
+    let path = fixture("torch/categories");
+    let (d, profile, _) = page_data(&path);
+    let cli = cli(&[
+        "categories",
+        "--format",
+        "json",
+        path.to_str().expect("path"),
+    ]);
+    assert_eq!(cli.code, 0, "{}", cli.stderr);
+    let want = cli.json();
+    let table = |id: &str| {
+        d.views[0]
+            .tables
+            .iter()
+            .find(|t| t.id == id)
+            .unwrap_or_else(|| panic!("no {id}"))
+    };
+    let categories = table("categories-table");
+    let want_categories = want["categories"].as_array().expect("categories");
+    assert_eq!(categories.rows.len(), want_categories.len());
+    for (got, want) in categories.rows.iter().zip(want_categories) {
+        assert_eq!(got, want);
+    }
+    let modules = table("modules-table");
+    let want_modules = want["modules"].as_array().expect("modules");
+    assert_eq!(modules.rows.len(), want_modules.len());
+    for (got, want) in modules.rows.iter().zip(want_modules) {
+        for (key, value) in want.as_object().expect("module") {
+            assert_eq!(&got[key], value, "{key} of {}", want["module"]);
+        }
+    }
+    // The category bands at the peak's point are the table's bytes at the peak: the same
+    // instant, right after the event that reached the peak.
+    let run = &d.runs[0];
+    let peak = profile.sources[0].pool.peak_used_bytes;
+    let at = run
+        .used
+        .iter()
+        .position(|&u| u == peak as i64)
+        .expect("the peak's point");
+    let bands = by(&d, 0, "category");
+    for c in want_categories {
+        let name = c["category"].as_str().expect("name");
+        let g = bands.names.iter().position(|n| n == name).expect("band") as u32;
+        assert_eq!(
+            series_of(bands, g)[at],
+            c["at_peak_bytes"].as_u64().expect("bytes"),
+            "{name}"
+        );
     }
 }
 

@@ -59,6 +59,20 @@ stack that allocated them (the icicle) and as the timeline is stacked (the table
 <div id="live-flame" class="flame"></div>
 <table id="live-table" class="sortable"></table>
 </section>
+<section id="categories-section" hidden>
+<h2>Memory by category</h2>
+<p class="help">What the live bytes are, by the categories <code>poolsight.torch.track()</code>
+records (PyTorch MemTracker's): at the pool's peak, over time (each point at its time bucket's
+used maximum), and per module the bytes live as its highest call began and ended and at that
+call's peak (MemTracker's Pre/Post/Peak-Forward), what its backward allocated and what it held at
+the peak: the figures of <code>poolsight categories</code>.</p>
+<h3>At the peak</h3>
+<div id="category-peak" class="bar"></div>
+<div id="category-key" class="legend"></div>
+<h3>Over time</h3>
+<div id="category-charts"></div>
+<div id="category-tables"></div>
+</section>
 <section id="flame-section">
 <h2 id="flame-title">Flamegraph</h2>
 <div class="toolbar">
