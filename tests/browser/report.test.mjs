@@ -194,6 +194,11 @@ test("the category section shows poolsight categories' figures, only for a trace
   const modules = await page.$$eval("#categories-section #modules-table tbody tr", (trs) => trs.map((tr) => tr.cells[0].textContent.trim()));
   assert.deepEqual(modules, want.modules.map((m) => m.module.split("/").pop()));
   assert.equal(await page.locator("#modules-table").count(), 1, "shown once, in the section");
+  // Sizes read as the CLI prints them, ties to even included (12,416 bytes: 12.12KB).
+  const cells = await page.$$eval("#categories-table tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+  const table = poolsight("categories", trace).split("\n").slice(1)
+    .map((l) => l.trim().split(/\s+/)).filter((r) => want.categories.some((c) => c.category === r[0]));
+  assert.deepEqual(cells.map((r) => [r[0], r[1], r[2], r[4]]), table);
   assert.deepEqual(errors, []);
   await page.close();
 

@@ -46,7 +46,13 @@
     const units = ["B", "KB", "MB", "GB", "TB", "PB", "EB"];
     let v = Math.abs(b), u = 0;
     while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    return (b < 0 ? "-" : "") + v.toFixed(2) + units[u];
+    return (b < 0 ? "-" : "") + fixed2(v) + units[u];
+  }
+  // `%.2f` as Python and the CLI print it: a tie goes to the even digit (12.125 reads 12.12,
+  // where toFixed says 12.13). A size over a power of 1024 times 100 is exact, ties included.
+  function fixed2(v) {
+    const x = v * 100, n = Math.floor(x), d = x - n;
+    return ((d > 0.5 || (d === 0.5 && n % 2 === 1) ? n + 1 : n) / 100).toFixed(2);
   }
   function fmtNs(ns) {
     const a = Math.abs(ns);
