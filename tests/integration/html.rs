@@ -54,7 +54,12 @@ fn the_timeline_holds_the_exact_peak_and_what_was_live_at_it() {
     let path = trace_path("peak");
     record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
-    let live = live_over_time(&trace, &profile.sources[0].series, html::LIVE_STACKS);
+    let live = live_over_time(
+        &trace,
+        &profile.sources[0].series,
+        html::LIVE_STACKS,
+        html::LIVE_GROUPS,
+    );
     let parts = [Part {
         name: "run".into(),
         profile: &profile,
@@ -112,8 +117,8 @@ fn snapshots_keep_the_largest_stacks_and_sum_the_rest() {
     let path = trace_path("keep");
     record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
-    let all = live_over_time(&trace, &profile.sources[0].series, usize::MAX);
-    let one = live_over_time(&trace, &profile.sources[0].series, 1);
+    let all = live_over_time(&trace, &profile.sources[0].series, usize::MAX, usize::MAX);
+    let one = live_over_time(&trace, &profile.sources[0].series, 1, 1);
     for (a, o) in all.points.iter().zip(&one.points) {
         assert!(o.stacks.len() <= 1);
         assert_eq!(o.stacks.first(), a.stacks.first());
@@ -140,7 +145,12 @@ fn hostile_names_reach_the_page_only_as_escaped_data() {
 /// A trace's page data as `poolsight html` computes it (categories for a labelled trace).
 fn page_data(path: &Path) -> (ReportData, Profile, LiveOverTime) {
     let (trace, profile) = replayed(path);
-    let live = live_over_time(&trace, &profile.sources[0].series, html::LIVE_STACKS);
+    let live = live_over_time(
+        &trace,
+        &profile.sources[0].series,
+        html::LIVE_STACKS,
+        html::LIVE_GROUPS,
+    );
     let parts = [Part {
         name: "run".into(),
         profile: &profile,
@@ -197,7 +207,12 @@ fn every_way_of_stacking_adds_up_to_the_used_bytes_of_each_point() {
         for (i, flat) in bands.live.iter().enumerate() {
             let bytes: u64 = flat.chunks(2).map(|p| p[1]).sum::<u64>() + bands.other[i];
             assert_eq!(bytes as i64, run.used[i], "by {}, point {i}", bands.by);
-            assert!(flat.len() / 2 <= html::LIVE_STACKS);
+            let keep = if bands.by == "stack" {
+                html::LIVE_STACKS
+            } else {
+                html::LIVE_GROUPS
+            };
+            assert!(flat.len() / 2 <= keep);
         }
         assert!(bands.top.len() <= data::TOP_STACKS);
         assert_eq!(bands.names.len(), bands.paths.len());
@@ -225,8 +240,8 @@ fn a_grouping_counts_every_live_stack_not_only_those_kept() {
     let path = fixture("torch/categories");
     let (trace, profile) = replayed(&path);
     let series = &profile.sources[0].series;
-    let all = live_over_time(&trace, series, usize::MAX);
-    let one = live_over_time(&trace, series, 1);
+    let all = live_over_time(&trace, series, usize::MAX, usize::MAX);
+    let one = live_over_time(&trace, series, 1, 1);
     assert_eq!(all.points.len(), series.points.len());
     let label = |frames: &[Frame]| {
         frames

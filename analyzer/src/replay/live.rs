@@ -46,18 +46,24 @@ pub struct LiveOverTime {
 /// Bytes live over time (see the module documentation): one [`Snapshot`] per point of `series`
 /// (a replay of `trace`) for each grouping, taken right after the memory event that reached
 /// the point's used maximum, so each snapshot's bytes add up to that maximum exactly. Each keeps
-/// its `keep` largest stacks, categories or modules; the rest are summed in its `other`.
-pub fn live_over_time(trace: &Trace, series: &Series, keep: usize) -> LiveOverTime {
+/// its `keep_stacks` largest stacks, or its `keep_groups` largest categories or modules; the
+/// rest are summed in its `other`.
+pub fn live_over_time(
+    trace: &Trace,
+    series: &Series,
+    keep_stacks: usize,
+    keep_groups: usize,
+) -> LiveOverTime {
     let mut stops = series.used_max_ordinals.clone();
     stops.sort_unstable();
     stops.dedup();
     let mut walk = Walk {
-        tl: Timeline::new(trace.header.ticks0, 0, stops.clone(), keep),
+        tl: Timeline::new(trace.header.ticks0, 0, stops.clone(), keep_stacks),
         units: Units::of(trace),
         classes: Classes::new(trace),
         labels: has_labels(trace),
         links: has_links(trace),
-        keep,
+        keep: keep_groups,
         by_category: Vec::new(),
         by_module: Vec::new(),
     };
@@ -147,6 +153,7 @@ struct Walk<'t> {
     /// Whether to group by category (the trace has labels) and by module (it has links).
     labels: bool,
     links: bool,
+    /// Categories and modules kept per snapshot.
     keep: usize,
     by_category: Vec<Snapshot>,
     by_module: Vec<Snapshot>,

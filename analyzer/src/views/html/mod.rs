@@ -17,9 +17,12 @@ pub use page::render;
 use crate::read::Trace;
 use crate::replay::{live_over_time, LiveOverTime, Profile};
 
-/// Stacks (and categories, modules) kept per timeline point for the live-at-an-instant view
-/// (the rest are summed).
+/// Stacks kept per timeline point for the live-at-an-instant view (the rest are summed).
 pub const LIVE_STACKS: usize = 128;
+
+/// Categories and modules kept per timeline point (the rest are summed): a model's modules can
+/// be many, and the timeline draws 10 bands.
+pub const LIVE_GROUPS: usize = 32;
 
 /// How a trace is named in the page: its rank and path, or its path.
 pub fn trace_name(profile: &Profile) -> String {
@@ -36,7 +39,7 @@ fn live(trace: &Trace, profile: &Profile) -> LiveOverTime {
     profile
         .sources
         .first()
-        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS))
+        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS, LIVE_GROUPS))
         .unwrap_or_default()
 }
 
