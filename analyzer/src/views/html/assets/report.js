@@ -403,7 +403,7 @@
     const bs = shownBands(data.runs[view().runs[0]]);
     lg.dataset.by = bs.by;
     bs.top.forEach((g, j) => item(bandColor(bs, j), bs.names[g]));
-    item(OTHER_COLOR, OTHER_LABEL[bs.by]);
+    if (bs.names.length > bs.top.length || bs.other.some((b) => b > 0)) item(OTHER_COLOR, OTHER_LABEL[bs.by]);
     item("#263238", "acquired (held from the device)");
   }
 
