@@ -74,13 +74,13 @@ test("the timeline's peak is info's peak, and hovering a band names its stack", 
     let i = 0;
     run.used.forEach((u, k) => { if (u > run.used[i]) i = k; });
     const c = t.bandCenter(i, 0);
-    const path = run.stacks[run.top[0]];
-    return { ...c, name: window.poolsight.data.frames[path[path.length - 1]] };
+    const stacks = run.bands.find((b) => b.by === "stack");
+    return { ...c, name: stacks.names[stacks.top[0]] };
   });
   await page.mouse.move(x, y);
   const tip = await page.textContent("#tooltip");
   assert.ok(await page.isVisible("#tooltip"), "a tooltip shows");
-  assert.ok(tip.startsWith(name), `tooltip names the stack: ${tip}`);
+  assert.ok(tip.startsWith(name + "\n"), `tooltip names the stack: ${tip}`);
   assert.match(tip, /6\.00MB live/);
   assert.deepEqual(errors, []);
   await page.close();
@@ -118,6 +118,7 @@ test("clicking the peak instant shows the live-at-peak stacks with their bytes",
   for (const w of want) {
     const row = rows.find((r) => r[3] === w.stack);
     assert.ok(row, `stack ${w.stack} listed: ${JSON.stringify(rows)}`);
+    // Its name: here its innermost frame, which tells every stack of this trace apart.
     assert.equal(row[0], w.leaf);
     assert.equal(Number(row[2].replace(/,/g, "")), w.bytes);
   }
@@ -127,6 +128,86 @@ test("clicking the peak instant shows the live-at-peak stacks with their bytes",
   assert.ok(flame.some((n) => /^Inner \(tests\/scenarios\/mod\.rs:\d+\)$/.test(n)), flame.join(", "));
   assert.deepEqual(errors, []);
   await page.close();
+});
+
+// The legend's band names, without the "other" and "acquired" entries.
+const legend = (page) => page.$$eval("#legend > span", (ss) => ss.map((s) => s.textContent)
+  .filter((t) => !/^other |^acquired /.test(t)));
+
+test("the stacking control stacks the timeline by category, module or stack, each band named once", async () => {
+  const trace = fixture("torch/categories");
+  const info = JSON.parse(poolsight("info", "--format", "json", trace));
+  const categories = JSON.parse(poolsight("categories", "--format", "json", trace));
+  const { page, errors } = await open(report([trace], "torch"));
+  const offered = await page.$$eval("#stack-by button", (bs) => bs.map((b) => b.textContent));
+  assert.deepEqual(offered, ["category", "module", "stack"]);
+  const active = () => page.$eval("#stack-by button.active", (b) => b.textContent);
+  const peak = () => page.locator("canvas.timeline").first().getAttribute("data-peak-bytes");
+  assert.equal(await active(), "category", "by category when the trace has categories");
+  assert.deepEqual((await legend(page)).sort(), categories.categories.map((c) => c.category).sort());
+  assert.equal(Number(await peak()), info.pool.peak_used_bytes);
+  assert.equal(await page.textContent("#live-table th"), "category");
+
+  // Hovering the largest band at the peak names its category.
+  const at = await page.evaluate(() => {
+    const t = window.poolsight.timelines()[0], run = t.runs[0];
+    let i = 0;
+    run.used.forEach((u, k) => { if (u > run.used[i]) i = k; });
+    const bs = run.bands.find((b) => b.by === "category");
+    return { ...t.bandCenter(i, 0), name: bs.names[bs.top[0]] };
+  });
+  await page.mouse.move(at.x, at.y);
+  assert.ok((await page.textContent("#tooltip")).startsWith(at.name + "\n"));
+  assert.equal(at.name, "activation");
+
+  for (const by of ["module", "stack"]) {
+    await page.click(`#stack-by button[data-by=${by}]`);
+    assert.equal(await active(), by);
+    assert.equal(await page.getAttribute("#legend", "data-by"), by);
+    const names = await legend(page);
+    assert.ok(names.length >= 5, names.join(" | "));
+    assert.equal(new Set(names).size, names.length, `no two bands alike: ${names.join(" | ")}`);
+    for (const n of names) {
+      assert.doesNotMatch(n, /\(:0\)/);
+      // A module or function name and a short path lead (or a band outside every module).
+      assert.match(n, /^(\(outside every module\)|[\w.:<> ]+ \([\w./<>]+:\d+\)|[\w.]+ \u203a )/, n);
+    }
+    assert.equal(Number(await peak()), info.pool.peak_used_bytes, `by ${by}: the drawn stack's top`);
+    assert.equal(await page.textContent("#live-table th"), by);
+  }
+  const stacks = await legend(page);
+  assert.ok(stacks.every((n) => /(^| \u203a )(activation|temporary|gradient|input|parameter|optimizer_state)$/.test(n)),
+    stacks.join(" | "));
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test("the category section shows poolsight categories' figures, only for a trace with categories", async () => {
+  const trace = fixture("torch/categories");
+  const want = JSON.parse(poolsight("categories", "--format", "json", trace));
+  const { page, errors } = await open(report([trace], "torch-categories"));
+  assert.ok(await page.isVisible("#categories-section"));
+  const bar = await page.$$eval("#category-peak span", (ss) => ss.map((s) => [s.dataset.category, Number(s.dataset.bytes)]));
+  assert.deepEqual(bar, want.categories.map((c) => [c.category, c.at_peak_bytes]));
+  assert.equal(Number(await page.getAttribute("#category-peak", "data-total-bytes")), want.peak_used_bytes);
+  assert.equal(await page.locator("canvas.category-chart").count(), 1);
+  const modules = await page.$$eval("#categories-section #modules-table tbody tr", (trs) => trs.map((tr) => tr.cells[0].textContent.trim()));
+  assert.deepEqual(modules, want.modules.map((m) => m.module.split("/").pop()));
+  assert.equal(await page.locator("#modules-table").count(), 1, "shown once, in the section");
+  // Sizes read as the CLI prints them, ties to even included (12,416 bytes: 12.12KB).
+  const cells = await page.$$eval("#categories-table tbody tr", (trs) => trs.map((tr) => [...tr.cells].map((c) => c.textContent)));
+  const table = poolsight("categories", trace).split("\n").slice(1)
+    .map((l) => l.trim().split(/\s+/)).filter((r) => want.categories.some((c) => c.category === r[0]));
+  assert.deepEqual(cells.map((r) => [r[0], r[1], r[2], r[4]]), table);
+  assert.deepEqual(errors, []);
+  await page.close();
+
+  const plain = await open(report([fixture("chainer_nested")], "chainer-categories"));
+  assert.ok(await plain.page.isHidden("#categories-section"));
+  assert.ok(await plain.page.isVisible("#stack-by"), "links: by module or by stack");
+  assert.deepEqual(await plain.page.$$eval("#stack-by button", (bs) => bs.map((b) => b.textContent)), ["module", "stack"]);
+  assert.deepEqual(plain.errors, []);
+  await plain.page.close();
 });
 
 test("searching the flamegraph highlights matching frames; clicking zooms", async () => {

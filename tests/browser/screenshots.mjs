@@ -1,5 +1,7 @@
 // Screenshots of a report for the docs, and its time to interactive.
-//   node tests/browser/screenshots.mjs demo.html docs/   # writes docs/html-*.png
+//   node tests/browser/screenshots.mjs demo.html docs/   # writes docs/html-{timeline,live,flamegraph}.png
+//   node tests/browser/screenshots.mjs torch.html docs/  # a report with categories (of
+//       fixtures/traces/torch/categories.pstrace): docs/html-categories{,-timeline}.png
 //   node tests/browser/screenshots.mjs big.html          # only prints the timings
 import { chromium } from "playwright-core";
 import { resolve, join } from "node:path";
@@ -19,10 +21,26 @@ await page.waitForSelector("body[data-ready='1']", { timeout: 60000 });
 const wall = Date.now() - t0;
 const ready = await page.evaluate(() => window.poolsightReadyMs);
 console.log(`${file}: ${statSync(path).size} bytes; interactive ${ready.toFixed(0)} ms after navigation start (${wall} ms wall from goto)`);
-if (outDir) {
+const categories = await page.isVisible("#categories-section");
+if (outDir && categories) {
+  // The timeline stacked by category (the default for such a trace), hovering the largest
+  // band at the peak; then the category section.
+  const t = await page.evaluate(() => {
+    const tl = window.poolsight.timelines()[0], run = tl.runs[0];
+    let i = 0;
+    run.used.forEach((u, k) => { if (u > run.used[i]) i = k; });
+    return tl.bandCenter(i, 0);
+  });
+  await page.mouse.move(t.x, t.y);
+  await page.screenshot({ path: join(outDir, "html-categories-timeline.png"), clip: { x: 0, y: 0, width: 1200, height: 560 } });
+  await page.mouse.move(0, 0);
+  await page.locator("#categories-section").screenshot({ path: join(outDir, "html-categories.png") });
+} else if (outDir) {
+  // A section's first 420 pixels (a table of many rows runs on).
   const shot = async (name, selector) => {
+    await page.locator(selector).scrollIntoViewIfNeeded();
     const box = await page.locator(selector).boundingBox();
-    await page.screenshot({ path: join(outDir, name), clip: box });
+    await page.screenshot({ path: join(outDir, name), clip: { ...box, height: Math.min(box.height, 420) } });
   };
   // Hover the largest band of a point a third of the way in, where the tooltip has room.
   const t = await page.evaluate(() => {

@@ -14,6 +14,11 @@ use poolsight::pool::device::HostDevice;
 use poolsight::pool::{MemoryPool, TraceHook};
 use poolsight::recorder::{Handle, Recorder, RecorderConfig};
 
+/// A committed fixture trace: `fixtures/traces/{name}.pstrace`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("fixtures/traces/{name}.pstrace"))
+}
+
 /// Records `body` into `path` with a TraceHook on a fresh 1 GiB host pool, then seals the file.
 pub fn record_on_pool(path: &Path, body: impl FnOnce(&Handle, &MemoryPool)) {
     let rec = Recorder::create(path, RecorderConfig::default()).expect("recorder");

@@ -37,11 +37,20 @@ use crate::read::{ChunkKind, Trace};
 
 /// Whether a trace labels its allocations: then `report` shows their categories.
 pub(super) fn has_labels(trace: &Trace) -> bool {
+    has_frames(trace, FrameKind::Label)
+}
+
+/// Whether a trace has link scopes (modules).
+pub(super) fn has_links(trace: &Trace) -> bool {
+    has_frames(trace, FrameKind::Link)
+}
+
+fn has_frames(trace: &Trace, kind: FrameKind) -> bool {
     trace
         .defs
         .frames
         .values()
-        .any(|f| FrameKind::from(f.kind) == FrameKind::Label)
+        .any(|f| FrameKind::from(f.kind) == kind)
 }
 
 /// What the walk gives: the figures, and the bytes live at the peak by stack (what the

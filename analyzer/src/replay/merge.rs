@@ -299,10 +299,9 @@ pub(super) fn in_time_order(
 /// that memory stays a few MB.
 const DECODED_AHEAD: usize = 4;
 
-/// [`in_time_order`]; in a packed trace each thread's memory chunks are decoded ahead on a
-/// thread of their own (the merge itself stays on one thread), and with `fold` those threads
-/// also fold the decoded events by stack, so that the per-stack pass need not decode them
-/// again: the returned [`PerStack`] holds packed memory chunks only.
+/// [`in_time_order`]; in a packed trace with `fold`, the threads that decode the memory chunks
+/// ahead (see [`walk_decoding`]) also fold the decoded events by stack, so that the per-stack
+/// pass need not decode them again: the returned [`PerStack`] holds packed memory chunks only.
 pub(super) fn in_time_order_folding(
     trace: &Trace,
     points: usize,
@@ -311,13 +310,39 @@ pub(super) fn in_time_order_folding(
     fold: bool,
     progress: Option<&AtomicU64>,
 ) -> (Timeline, PerStack) {
+    let units = Units::of(trace);
+    let track = !stops.is_empty();
+    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
+    let marks = sorted_marks(trace);
+    let (fed, acc) = walk_decoding(trace, &marks, &mut (&mut tl, &units, track), fold, progress);
+    if !track {
+        for m in &marks[fed..] {
+            tl.mark(m);
+        }
+    }
+    (tl, acc)
+}
+
+/// Feeds `sink` every memory event of `trace` in merge order, with `marks` (the trace's,
+/// sorted) in between; returns how many marks were fed (see [`merge_streams`]). In a packed
+/// trace each thread's memory chunks are decoded ahead on a thread of their own (the merge
+/// itself stays on one thread), and with `fold` those threads also fold the decoded events by
+/// stack into the returned [`PerStack`].
+pub(super) fn walk_decoding<S: Sink>(
+    trace: &Trace,
+    marks: &[fb::MarkEvent],
+    sink: &mut S,
+    fold: bool,
+    progress: Option<&AtomicU64>,
+) -> (usize, PerStack) {
     let by_thread = mem_chunks_by_thread(trace);
+    if !by_thread.iter().flat_map(|(_, cs)| cs).any(|c| c.packed) {
+        let mut streams = streams_from_start(&by_thread, Vec::new());
+        let fed = merge_streams(trace, &mut streams, marks, sink, progress, true);
+        return (fed, PerStack::new(0));
+    }
     let units = Units::of(trace);
     let stacks = trace.defs.stacks.len();
-    if !by_thread.iter().flat_map(|(_, cs)| cs).any(|c| c.packed) {
-        let tl = merge(trace, points, stops, keep, progress, &by_thread, Vec::new());
-        return (tl, PerStack::new(0));
-    }
     std::thread::scope(|s| {
         let mut feeds = Vec::new();
         let mut producers = Vec::new();
@@ -340,12 +365,16 @@ pub(super) fn in_time_order_folding(
                 acc
             }));
         }
-        let tl = merge(trace, points, stops, keep, progress, &by_thread, feeds);
+        let mut streams = streams_from_start(&by_thread, feeds);
+        let fed = merge_streams(trace, &mut streams, marks, sink, progress, true);
+        // The streams hold the receivers: dropping them lets producers blocked on a full
+        // channel see the hang-up.
+        drop(streams);
         let acc = producers.into_iter().filter_map(|p| p.join().ok()).fold(
             PerStack::new(if fold { stacks } else { 0 }),
             PerStack::merge,
         );
-        (tl, acc)
+        (fed, acc)
     })
 }
 
@@ -365,10 +394,7 @@ pub(super) fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)>
 /// same events, marks and ties, so merge ordinals match the replay's), and the marks earlier
 /// than the last of them.
 pub(super) fn walk<S: Sink>(trace: &Trace, sink: &mut S, progress: Option<&AtomicU64>) {
-    let by_thread = mem_chunks_by_thread(trace);
-    let marks = sorted_marks(trace);
-    let mut streams = streams_from_start(&by_thread, Vec::new());
-    merge_streams(trace, &mut streams, &marks, sink, progress, true);
+    walk_decoding(trace, &sorted_marks(trace), sink, false, progress);
 }
 
 /// A stream per thread of `by_thread`, each from its first event to its end; `feeds`, when not
@@ -389,36 +415,4 @@ fn streams_from_start<'a>(
             Stream::new(chunks, from, (chunks.len(), 0), feeds.next())
         })
         .collect()
-}
-
-/// The merge of [`in_time_order`]; `feeds`, when not empty, deliver each thread's decoded
-/// chunks in order (one per thread of `by_thread`).
-fn merge<'a>(
-    trace: &'a Trace,
-    points: usize,
-    stops: Vec<u64>,
-    keep: usize,
-    progress: Option<&AtomicU64>,
-    by_thread: &'a [(u32, Vec<&'a ChunkInfo>)],
-    feeds: Vec<Receiver<Events<'a, fb::MemEvent>>>,
-) -> Timeline {
-    let units = Units::of(trace);
-    let track = !stops.is_empty();
-    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
-    let marks = sorted_marks(trace);
-    let mut streams = streams_from_start(by_thread, feeds);
-    let fed = merge_streams(
-        trace,
-        &mut streams,
-        &marks,
-        &mut (&mut tl, &units, track),
-        progress,
-        true,
-    );
-    if !track {
-        for m in &marks[fed..] {
-            tl.mark(m);
-        }
-    }
-    tl
 }

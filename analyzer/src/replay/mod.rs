@@ -30,6 +30,7 @@
 
 mod categories;
 mod downsample;
+mod live;
 mod merge;
 mod profile;
 mod raised;
@@ -44,6 +45,7 @@ use std::sync::Arc;
 
 use crate::read::{ChunkKind, Trace};
 
+pub use live::{live_over_time, LiveOverTime};
 pub use profile::{
     signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
     MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,
@@ -246,48 +248,6 @@ fn assemble(
         sources: vec![source],
         tree,
     }
-}
-
-/// Bytes live by stack over time, for the HTML report's timeline: one [`Snapshot`] per point
-/// of `series` (a replay of `trace`), taken right after the memory event that reached the
-/// point's used maximum, so each snapshot's bytes add up to that maximum exactly. Each keeps
-/// its `keep` largest stacks. A third walk over the memory events, tracking live blocks:
-/// memory is bounded by the live blocks and `series`' points times `keep`.
-pub fn live_over_time(trace: &Trace, series: &Series, keep: usize) -> LiveOverTime {
-    let mut stops = series.used_max_ordinals.clone();
-    stops.sort_unstable();
-    stops.dedup();
-    let snapshots = if stops.is_empty() {
-        Vec::new()
-    } else {
-        merge::in_time_order(trace, 0, stops.clone(), keep, None).snapshots
-    };
-    let by_ordinal: HashMap<u64, &Snapshot> = stops.iter().copied().zip(&snapshots).collect();
-    let points: Vec<Snapshot> = series
-        .used_max_ordinals
-        .iter()
-        .map(|o| by_ordinal.get(o).map(|s| (*s).clone()).unwrap_or_default())
-        .collect();
-    let mut ids: Vec<u32> = points
-        .iter()
-        .flat_map(|p| p.stacks.iter().map(|s| s.0))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let stacks = ids
-        .into_iter()
-        .map(|id| (id, stacks::frames_of_stack(trace, id)))
-        .collect();
-    LiveOverTime { points, stacks }
-}
-
-/// What [`live_over_time`] gives.
-#[derive(Debug, Clone, Default)]
-pub struct LiveOverTime {
-    /// One per point of the series.
-    pub points: Vec<Snapshot>,
-    /// The frames of every stack the snapshots name, outermost first.
-    pub stacks: HashMap<u32, Vec<Frame>>,
 }
 
 /// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit):

@@ -39,13 +39,28 @@ pub(super) struct Timeline {
     pub(super) snapshots: Vec<Snapshot>,
 }
 
-/// Bytes live by stack right after one memory event.
+/// Bytes live by stack (or by another grouping of the allocations: see
+/// [`crate::replay::LiveOverTime`]) right after one memory event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
     /// (interned stack id, live bytes), largest first, ties by stack id.
     pub stacks: Vec<(u32, u64)>,
     /// Live bytes of the stacks left out.
     pub other: u64,
+}
+
+impl Snapshot {
+    /// The `keep` largest of `live` (id, bytes), each id once; the rest summed in `other`.
+    pub(super) fn largest(live: impl Iterator<Item = (u32, u64)>, keep: usize) -> Snapshot {
+        let mut stacks: Vec<(u32, u64)> = live.collect();
+        stacks.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let other = stacks
+            .iter()
+            .skip(keep)
+            .fold(0u64, |t, s| t.saturating_add(s.1));
+        stacks.truncate(keep);
+        Snapshot { stacks, other }
+    }
 }
 
 /// How many events of each counted memory kind were merged.
@@ -195,14 +210,8 @@ impl Timeline {
     }
 
     pub(super) fn snapshot(&mut self) {
-        let mut stacks: Vec<(u32, u64)> = self.live.iter().map(|(&s, &b)| (s, b)).collect();
-        stacks.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let other = stacks
-            .iter()
-            .skip(self.keep)
-            .fold(0u64, |t, s| t.saturating_add(s.1));
-        stacks.truncate(self.keep);
-        self.snapshots.push(Snapshot { stacks, other });
+        let live = self.live.iter().map(|(&s, &b)| (s, b));
+        self.snapshots.push(Snapshot::largest(live, self.keep));
     }
 
     pub(super) fn mark(&mut self, e: &fb::MarkEvent) {

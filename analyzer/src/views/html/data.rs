@@ -3,18 +3,21 @@
 //! page's script draws everything from this data, serialized as JSON.
 //!
 //! Sizes stay bounded whatever the trace's length: a timeline has at most the series' points
-//! (each its time bucket's exact maximum), each with the largest stacks live at that instant;
-//! trees have one entry per calling context.
+//! (each its time bucket's exact maximum), each with the largest stacks, categories and modules
+//! live at that instant; trees have one entry per calling context.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Source};
+use super::names;
+use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Snapshot, Source};
+use crate::tables::categories::UNLABELLED;
 use crate::tables::{HtmlTable, Report, ReportOptions};
 use crate::views::flamegraph::{frame_display, Metric};
 
-/// Stacks drawn as their own band in a timeline; the others are summed in one "other" band.
+/// Groups (stacks, categories, modules) drawn as their own band in a timeline; the others are
+/// summed in one "other" band.
 pub const TOP_STACKS: usize = 10;
 
 /// The whole report: frame names are interned once ([`ReportData::frames`]) and referred to by
@@ -48,14 +51,29 @@ pub struct RunData {
     pub t: Vec<u64>,
     pub used: Vec<i64>,
     pub acquired: Vec<i64>,
-    /// Stacks the points name, as frame indices, outermost first.
-    pub stacks: Vec<Vec<u32>>,
-    /// The stacks of the timeline's own bands (indices into `stacks`), largest first.
+    /// The ways the timeline's used bytes can be stacked: by stack, then by category and by
+    /// module where the trace has them (see [`crate::replay::live_over_time`]).
+    pub bands: Vec<Bands>,
+}
+
+/// The used bytes of each point split one way (by stack, category or module): each point's
+/// groups and its `other` add up to its used maximum exactly.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bands {
+    /// `stack`, `category` or `module`.
+    pub by: &'static str,
+    /// Each group's name in legends, tooltips and the live table; no two alike
+    /// ([`super::names`]).
+    pub names: Vec<String>,
+    /// Each group's frames, as frame indices, outermost first: a stack's frames, a module's
+    /// link frames; none for a category.
+    pub paths: Vec<Vec<u32>>,
+    /// The groups drawn as their own band (indices into `names`), largest first.
     pub top: Vec<u32>,
-    /// Per point, at its used maximum: `[stack, bytes, stack, bytes, ...]`, largest first.
+    /// Per point, at its used maximum: `[group, bytes, group, bytes, ...]`, largest first.
     pub live: Vec<Vec<u64>>,
-    /// Per point, live bytes of the stacks `live` leaves out.
-    pub live_other: Vec<u64>,
+    /// Per point, live bytes of the groups `live` leaves out.
+    pub other: Vec<u64>,
 }
 
 /// A calling-context tree in parallel arrays, parents before children; amounts are each node's
@@ -97,6 +115,10 @@ struct Frames {
 }
 
 impl Frames {
+    fn path(&mut self, path: &[Frame]) -> Vec<u32> {
+        path.iter().map(|f| self.of(f)).collect()
+    }
+
     fn of(&mut self, frame: &Frame) -> u32 {
         let label = frame_display(frame);
         if let Some(&i) = self.index.get(&label) {
@@ -165,31 +187,37 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
     let source: &Source = &part.profile.sources[0];
     let series = &source.series;
     let live = part.live;
-    let mut stack_index: HashMap<u32, u32> = HashMap::new();
-    let mut stacks: Vec<Vec<u32>> = Vec::new();
-    let mut largest: Vec<u64> = Vec::new();
-    let mut points = Vec::with_capacity(live.points.len());
-    for snap in &live.points {
-        let mut flat = Vec::with_capacity(snap.stacks.len() * 2);
-        for &(id, bytes) in &snap.stacks {
-            let i = *stack_index.entry(id).or_insert_with(|| {
-                let path = live.stacks.get(&id).map_or(&[][..], Vec::as_slice);
-                stacks.push(path.iter().map(|f| frames.of(f)).collect());
-                largest.push(0);
-                stacks.len() as u32 - 1
-            });
-            largest[i as usize] = largest[i as usize].max(bytes);
-            flat.extend([u64::from(i), bytes]);
-        }
-        points.push(flat);
+    let mut bands = Vec::new();
+    let (mut stacks, ids) = grouped("stack", &live.points);
+    let paths: Vec<&[Frame]> = ids
+        .iter()
+        .map(|id| live.stacks.get(id).map_or(&[][..], Vec::as_slice))
+        .collect();
+    stacks.names = names::distinct(&paths, "(no stack)");
+    stacks.paths = paths.iter().map(|p| frames.path(p)).collect();
+    bands.push(stacks);
+    if !live.by_category.is_empty() {
+        let (mut categories, ids) = grouped("category", &live.by_category);
+        categories.names = ids
+            .iter()
+            .map(|&c| {
+                let name = live.categories.get(c as usize).cloned().flatten();
+                name.unwrap_or_else(|| UNLABELLED.to_string())
+            })
+            .collect();
+        categories.paths = vec![Vec::new(); ids.len()];
+        bands.push(categories);
     }
-    let mut top: Vec<u32> = (0..stacks.len() as u32).collect();
-    top.sort_by(|&a, &b| {
-        largest[b as usize]
-            .cmp(&largest[a as usize])
-            .then(a.cmp(&b))
-    });
-    top.truncate(TOP_STACKS);
+    if !live.by_module.is_empty() {
+        let (mut modules, ids) = grouped("module", &live.by_module);
+        let paths: Vec<&[Frame]> = ids
+            .iter()
+            .map(|&m| live.modules.get(m as usize).map_or(&[][..], Vec::as_slice))
+            .collect();
+        modules.names = names::distinct(&paths, "(outside every module)");
+        modules.paths = paths.iter().map(|p| frames.path(p)).collect();
+        bands.push(modules);
+    }
     RunData {
         name: part.name.clone(),
         duration_ns: source.duration_ns,
@@ -205,11 +233,46 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
         t: series.points.iter().map(|p| p.0).collect(),
         used: series.points.iter().map(|p| p.1).collect(),
         acquired: series.points.iter().map(|p| p.2).collect(),
-        stacks,
-        top,
-        live: points,
-        live_other: live.points.iter().map(|s| s.other).collect(),
+        bands,
     }
+}
+
+/// The bands of per-point snapshots grouped one way, without names or paths, and the
+/// snapshots' id of each group (groups numbered in order of first appearance).
+fn grouped(by: &'static str, points: &[Snapshot]) -> (Bands, Vec<u32>) {
+    let mut index: HashMap<u32, u32> = HashMap::new();
+    let mut ids: Vec<u32> = Vec::new();
+    let mut largest: Vec<u64> = Vec::new();
+    let mut live = Vec::with_capacity(points.len());
+    for snap in points {
+        let mut flat = Vec::with_capacity(snap.stacks.len() * 2);
+        for &(id, bytes) in &snap.stacks {
+            let i = *index.entry(id).or_insert_with(|| {
+                ids.push(id);
+                largest.push(0);
+                ids.len() as u32 - 1
+            });
+            largest[i as usize] = largest[i as usize].max(bytes);
+            flat.extend([u64::from(i), bytes]);
+        }
+        live.push(flat);
+    }
+    let mut top: Vec<u32> = (0..ids.len() as u32).collect();
+    top.sort_by(|&a, &b| {
+        largest[b as usize]
+            .cmp(&largest[a as usize])
+            .then(a.cmp(&b))
+    });
+    top.truncate(TOP_STACKS);
+    let bands = Bands {
+        by,
+        names: Vec::new(),
+        paths: Vec::new(),
+        top,
+        live,
+        other: points.iter().map(|s| s.other).collect(),
+    };
+    (bands, ids)
 }
 
 fn view(frames: &mut Frames, name: &str, runs: Vec<usize>, p: &Profile) -> ViewData {

@@ -1,12 +1,14 @@
 //! `poolsight html`: one self-contained interactive page (no network: script, style and data
 //! inline). [`data`] computes what the page shows from replayed profiles; [`page`] writes the
-//! HTML around it; `assets/` holds the hand-written script and style it inlines.
+//! HTML around it; [`names`] names the timeline's bands; `assets/` holds the hand-written
+//! script and style it inlines.
 //!
 //! [`report_page`] and [`diff_page`] do both for opened traces: they take the live-bytes
 //! snapshots the timeline needs (one more walk over each trace's memory events, only here)
 //! and render.
 
 pub mod data;
+pub mod names;
 pub mod page;
 
 pub use data::{diff, report, Part, ReportData};
@@ -17,6 +19,10 @@ use crate::replay::{live_over_time, LiveOverTime, Profile};
 
 /// Stacks kept per timeline point for the live-at-an-instant view (the rest are summed).
 pub const LIVE_STACKS: usize = 128;
+
+/// Categories and modules kept per timeline point (the rest are summed): a model's modules can
+/// be many, and the timeline draws 10 bands.
+pub const LIVE_GROUPS: usize = 32;
 
 /// How a trace is named in the page: its rank and path, or its path.
 pub fn trace_name(profile: &Profile) -> String {
@@ -33,7 +39,7 @@ fn live(trace: &Trace, profile: &Profile) -> LiveOverTime {
     profile
         .sources
         .first()
-        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS))
+        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS, LIVE_GROUPS))
         .unwrap_or_default()
 }
 

@@ -44,19 +44,34 @@ const BODY: &str = r#"<header>
 <main>
 <section id="timeline-section">
 <h2>Active memory over time</h2>
-<p class="help">Live pool bytes stacked by the stack that allocated them (each point is its time
-bucket's maximum, so the peak is exact), acquired bytes as a line, epochs shaded. Wheel: zoom;
-drag: pan; hover: what a band is; click: what was live then.</p>
-<div class="toolbar"><button id="go-peak">Go to peak</button> <button id="zoom-reset">Reset zoom</button></div>
+<p class="help">Live pool bytes stacked by memory category, by module or by the stack that
+allocated them (each point is its time bucket's maximum, so the peak is exact), acquired bytes as
+a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is; click: what was live then.</p>
+<div class="toolbar"><button id="go-peak">Go to peak</button> <button id="zoom-reset">Reset zoom</button>
+<span id="stack-by" class="choice" hidden></span></div>
 <div id="timelines"></div>
 <div id="legend" class="legend"></div>
 </section>
 <section id="live-section">
 <h2 id="live-title">Live at an instant</h2>
-<p class="help">Click the timeline (or "Go to peak"): the bytes live at that instant by the
-stack that allocated them.</p>
+<p class="help">Click the timeline (or "Go to peak"): the bytes live at that instant, by the
+stack that allocated them (the icicle) and as the timeline is stacked (the table).</p>
 <div id="live-flame" class="flame"></div>
 <table id="live-table" class="sortable"></table>
+</section>
+<section id="categories-section" hidden>
+<h2>Memory by category</h2>
+<p class="help">What the live bytes are, by the categories <code>poolsight.torch.track()</code>
+records (PyTorch MemTracker's): at the pool's peak, over time (each point at its time bucket's
+used maximum), and per module the bytes live as its highest call began and ended and at that
+call's peak (MemTracker's Pre/Post/Peak-Forward), what its backward allocated and what it held at
+the peak: the figures of <code>poolsight categories</code>.</p>
+<h3>At the peak</h3>
+<div id="category-peak" class="bar"></div>
+<div id="category-key" class="legend"></div>
+<h3>Over time</h3>
+<div id="category-charts"></div>
+<div id="category-tables"></div>
 </section>
 <section id="flame-section">
 <h2 id="flame-title">Flamegraph</h2>

@@ -9,6 +9,15 @@
   const BAND_COLORS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#8cd17d"];
   const OTHER_COLOR = "#c7c7c7";
+  // PyTorch's memory categories keep their color in every view.
+  const CATEGORY_COLORS = { parameter: "#4e79a7", buffer: "#9c755f", input: "#76b7b2",
+    activation: "#f28e2b", temporary: "#edc948", gradient: "#e15759", optimizer_state: "#59a14f",
+    "(unlabelled)": "#bab0ac" };
+  // What the timeline can be stacked by, in the order the control offers them.
+  const STACKINGS = ["category", "module", "stack"];
+  const OTHER_LABEL = { stack: "other stacks", category: "other categories", module: "other modules" };
+  // Tables the category section shows instead of the tables section.
+  const CATEGORY_TABLES = ["categories-table", "modules-table"];
   const RUN_COLORS = ["#1f77b4", "#d62728"];
   const ROW = 18;
 
@@ -20,6 +29,9 @@
     range: null, // [ns0, ns1] shared by every timeline: one axis
     selected: null, // {run, point}
     timelines: [],
+    charts: [],
+    // How the timeline is stacked: a category when the trace has them, else by stack.
+    stackBy: data.runs.some((r) => r.bands.some((b) => b.by === "category")) ? "category" : "stack",
   };
 
   function el(tag, attrs, text) {
@@ -34,7 +46,13 @@
     const units = ["B", "KB", "MB", "GB", "TB", "PB", "EB"];
     let v = Math.abs(b), u = 0;
     while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    return (b < 0 ? "-" : "") + v.toFixed(2) + units[u];
+    return (b < 0 ? "-" : "") + fixed2(v) + units[u];
+  }
+  // `%.2f` as Python and the CLI print it: a tie goes to the even digit (12.125 reads 12.12,
+  // where toFixed says 12.13). A size over a power of 1024 times 100 is exact, ties included.
+  function fixed2(v) {
+    const x = v * 100, n = Math.floor(x), d = x - n;
+    return ((d > 0.5 || (d === 0.5 && n % 2 === 1) ? n + 1 : n) / 100).toFixed(2);
   }
   function fmtNs(ns) {
     const a = Math.abs(ns);
@@ -47,11 +65,21 @@
   function fmtMetric(metric, v) { return metric === "time" ? fmtNs(v) : fmtBytes(v); }
 
   function view() { return data.views[state.view]; }
-  function stackLabel(run, s) {
-    const path = run.stacks[s];
-    return path.length ? frames[path[path.length - 1]] : "(no stack)";
+  // A run's bands split one way ("stack", "category", "module"); by stack when it has no other.
+  function bandsBy(run, by) { return run.bands.find((b) => b.by === by) || run.bands[0]; }
+  function shownBands(run) { return bandsBy(run, state.stackBy); }
+  function groupPath(bs, g) { return bs.paths[g].map((f) => frames[f]); }
+  // The color of a band: its position among the run's own bands; a category's own color.
+  function bandColor(bs, j) {
+    const name = bs.names[bs.top[j]];
+    if (bs.by === "category" && CATEGORY_COLORS[name]) return CATEGORY_COLORS[name];
+    return BAND_COLORS[j % BAND_COLORS.length];
   }
-  function stackPath(run, s) { return run.stacks[s].map((f) => frames[f]); }
+  function categoryColor(run, name) {
+    const bs = bandsBy(run, "category");
+    const j = bs.by === "category" ? bs.top.findIndex((g) => bs.names[g] === name) : -1;
+    return j >= 0 ? bandColor(bs, j) : CATEGORY_COLORS[name] || OTHER_COLOR;
+  }
 
   // ---- tooltip ----
   const tooltip = $("tooltip");
@@ -66,14 +94,14 @@
   function hideTip() { tooltip.hidden = true; }
 
   // ---- timeline ----
-  // Per point, the bytes of each top stack then "other" (used minus the top stacks), so the
+  // Per point, the bytes of each top group then "other" (used minus the top groups), so the
   // stack's top is the point's used maximum exactly.
-  function bandsOf(run) {
-    const k = run.top.length;
-    const pos = new Map(run.top.map((s, i) => [s, i]));
+  function bandsOf(run, bs) {
+    const k = bs.top.length;
+    const pos = new Map(bs.top.map((s, i) => [s, i]));
     return run.used.map((used, i) => {
       const b = new Float64Array(k + 1);
-      const live = run.live[i] || [];
+      const live = bs.live[i] || [];
       let sum = 0;
       for (let j = 0; j < live.length; j += 2) {
         const at = pos.get(live[j]);
@@ -109,7 +137,8 @@
       overlay ? runs.map((r, i) => (i ? "new: " : "base: ") + r.name).join("   vs   ") : runs[0].name);
     const canvas = el("canvas", { class: "timeline" });
     container.append(title, canvas);
-    const bands = runs.map(bandsOf);
+    const sets = runs.map(shownBands);
+    const bands = runs.map((r, i) => bandsOf(r, sets[i]));
     const M = { l: 72, r: 12, t: 14, b: 24 };
     let ymax = 1;
     runs.forEach((r) => { ymax = Math.max(ymax, r.peak_used_bytes, r.peak_acquired_bytes); });
@@ -168,7 +197,7 @@
       g.save();
       g.beginPath(); g.rect(M.l, 0, W - M.l - M.r, H - M.b); g.clip();
       if (!overlay) {
-        const r = runs[0], bs = bands[0], k = r.top.length;
+        const r = runs[0], bs = bands[0], k = sets[0].top.length;
         for (let i = 0; i < r.t.length; i++) {
           const xa = X(r.t[i]), xb = X(endOf(r, i));
           if (xb < M.l || xa > W - M.r) continue;
@@ -177,7 +206,7 @@
           for (let j = 0; j <= k; j++) {
             const v = bs[i][j];
             if (v <= 0) continue;
-            g.fillStyle = j < k ? BAND_COLORS[j % BAND_COLORS.length] : OTHER_COLOR;
+            g.fillStyle = j < k ? bandColor(sets[0], j) : OTHER_COLOR;
             g.fillRect(xa, Y(cum + v), w, Y(cum) - Y(cum + v));
             cum += v;
           }
@@ -238,14 +267,14 @@
       const r = h.r, i = h.i;
       let head = "";
       if (h.band >= 0) {
-        const k = r.top.length;
-        const bytes = bands[overlay ? 1 : 0][i][h.band];
+        const bs = sets[0], k = bs.top.length;
+        const bytes = bands[0][i][h.band];
         if (h.band < k) {
-          const s = r.top[h.band];
-          head = stackLabel(r, s) + "\n" + fmtBytes(bytes) + " live (" + fmtCount(bytes) + " bytes)\n" +
-            "stack: " + stackPath(r, s).join(" \u2192 ") + "\n\n";
+          const g = bs.top[h.band], path = groupPath(bs, g);
+          head = bs.names[g] + "\n" + fmtBytes(bytes) + " live (" + fmtCount(bytes) + " bytes)\n" +
+            (path.length ? bs.by + ": " + path.join(" \u2192 ") + "\n" : "") + "\n";
         } else {
-          head = "other stacks\n" + fmtBytes(bytes) + " live\n\n";
+          head = OTHER_LABEL[bs.by] + "\n" + fmtBytes(bytes) + " live\n\n";
         }
       }
       const lines = overlay ? runs.map((q, k) => {
@@ -314,7 +343,33 @@
     return self;
   }
 
-  function drawTimelines() { state.timelines.forEach((t) => t.draw()); }
+  function drawTimelines() {
+    state.timelines.forEach((t) => t.draw());
+    state.charts.forEach((c) => c.draw());
+  }
+
+  // The stacking control: the ways the view's runs can be stacked, when there is a choice.
+  function renderStackBy() {
+    const box = $("stack-by");
+    box.textContent = "";
+    const have = data.diff ? [] : STACKINGS.filter((by) => view().runs.some((i) => data.runs[i].bands.some((b) => b.by === by)));
+    box.hidden = have.length < 2;
+    if (!have.includes(state.stackBy)) state.stackBy = have.includes("category") ? "category" : "stack";
+    box.append("Stack by ");
+    for (const by of have) {
+      const b = el("button", { "data-by": by }, by);
+      b.classList.toggle("active", by === state.stackBy);
+      b.addEventListener("click", () => setStackBy(by));
+      box.append(b);
+    }
+  }
+
+  function setStackBy(by) {
+    state.stackBy = by;
+    renderStackBy();
+    renderTimelines();
+    if (state.selected) selectInstant(state.selected.run, state.selected.point);
+  }
 
   function renderTimelines() {
     const box = $("timelines");
@@ -345,9 +400,10 @@
       item(RUN_COLORS[1], "new used"); item(RUN_COLORS[1], "new acquired", true);
       return;
     }
-    const r = data.runs[view().runs[0]];
-    r.top.forEach((s, j) => item(BAND_COLORS[j % BAND_COLORS.length], stackLabel(r, s)));
-    item(OTHER_COLOR, "other stacks");
+    const bs = shownBands(data.runs[view().runs[0]]);
+    lg.dataset.by = bs.by;
+    bs.top.forEach((g, j) => item(bandColor(bs, j), bs.names[g]));
+    if (bs.names.length > bs.top.length || bs.other.some((b) => b > 0)) item(OTHER_COLOR, OTHER_LABEL[bs.by]);
     item("#263238", "acquired (held from the device)");
   }
 
@@ -490,14 +546,14 @@
     state.selected = { run: runIndex, point };
     drawTimelines();
     const r = data.runs[runIndex];
-    const live = r.live[point] || [];
+    const stacks = bandsBy(r, "stack");
+    const live = stacks.live[point] || [];
     const root = { name: "all", value: 0, self: 0, children: [] };
-    const rows = [];
     for (let j = 0; j < live.length; j += 2) {
       const s = live[j], bytes = live[j + 1];
       let node = root;
       root.value += bytes;
-      for (const f of r.stacks[s]) {
+      for (const f of stacks.paths[s]) {
         const name = frames[f];
         let c = node.children.find((x) => x.name === name);
         if (!c) { c = { name, value: 0, self: 0, children: [] }; node.children.push(c); }
@@ -505,29 +561,40 @@
         node = c;
       }
       node.self += bytes;
-      rows.push({ stack: stackPath(r, s).join(" \u2192 "), leaf: stackLabel(r, s), bytes });
     }
-    const other = r.live_other[point] || 0;
+    const other = stacks.other[point] || 0;
     if (other > 0) {
       root.value += other;
       root.children.push({ name: "(smaller stacks)", value: other, self: other, children: [] });
-      rows.push({ stack: "(smaller stacks)", leaf: "(smaller stacks)", bytes: other });
     }
+    // The table lists the instant's bytes the way the timeline is stacked.
+    const bs = shownBands(r), rows = [];
+    const groups = bs.live[point] || [];
+    for (let j = 0; j < groups.length; j += 2) {
+      const g = groups[j];
+      rows.push({ name: bs.names[g], path: groupPath(bs, g).join(" \u2192 "), bytes: groups[j + 1] });
+    }
+    const smaller = bs.other[point] || 0;
+    if (smaller > 0) rows.push({ name: "(smaller " + OTHER_LABEL[bs.by].slice(6) + ")", path: "", bytes: smaller });
     const isPeak = r.used[point] === r.peak_used_bytes;
     $("live-title").textContent = "Live at " + fmtNs(r.t[point]) + " \u2013 " + fmtNs(r.t[point] + r.bucket_ns) +
-      (isPeak ? " (the peak)" : "") + ": " + fmtBytes(root.value) + (data.runs.length > 1 ? " in " + r.name : "");
+      (isPeak ? " (the peak)" : "") + ": " + fmtBytes(root.value) + (data.runs.length > 1 ? " in " + r.name : "") +
+      ", by " + bs.by;
     $("live-section").dataset.liveBytes = String(root.value);
     Flame($("live-flame"), root, {
       color: (n) => memColor(n.name),
       tip: (n) => n.name + "\n" + fmtBytes(n.value) + " live (" + fmtCount(n.value) + " bytes)",
       empty: "Nothing live at this instant.",
     }).draw();
-    sortableTable($("live-table"), [
-      { key: "leaf", label: "stack (innermost frame)", text: true },
+    const columns = [
+      { key: "name", label: bs.by, text: true },
       { key: "bytes", label: "live bytes", fmt: fmtBytes },
       { key: "bytes", label: "exact bytes", fmt: fmtCount },
-      { key: "stack", label: "full stack, outermost first", text: true, cls: "stack" },
-    ], rows, 1, -1);
+    ];
+    if (bs.by !== "category") {
+      columns.push({ key: "path", label: bs.by === "stack" ? "full stack, outermost first" : "module, outermost first", text: true, cls: "stack" });
+    }
+    sortableTable($("live-table"), columns, rows, 1, -1);
   }
 
   function goToPeak() {
@@ -587,17 +654,135 @@
     plain: { fmt: String },
   };
 
+  function renderTable(holder, t) {
+    const h = el("h3", null, t.title);
+    if (t.note) h.append(" ", el("small", null, "(" + t.note + ")"));
+    const table = el("table", { id: t.id, class: "sortable" });
+    holder.append(h, table);
+    const columns = t.columns.map((c) => Object.assign({ key: c.key, label: c.label }, cellFormats[c.cell]));
+    sortableTable(table, columns, t.rows);
+  }
+
   function renderTables() {
     const holder = $("tables");
     holder.textContent = "";
+    const inSection = !$("categories-section").hidden;
     for (const t of view().tables) {
-      const h = el("h3", null, t.title);
-      if (t.note) h.append(" ", el("small", null, "(" + t.note + ")"));
-      const table = el("table", { id: t.id, class: "sortable" });
-      holder.append(h, table);
-      const columns = t.columns.map((c) => Object.assign({ key: c.key, label: c.label }, cellFormats[c.cell]));
-      sortableTable(table, columns, t.rows);
+      if (!(inSection && CATEGORY_TABLES.includes(t.id))) renderTable(holder, t);
     }
+  }
+
+  // ---- memory by category ----
+  // The categories table's figures (the replay's, as `poolsight categories` prints them): the
+  // bytes of each category at the peak as one bar, each category over time, and the tables.
+  function renderCategories() {
+    const section = $("categories-section");
+    const v = view();
+    const table = data.diff ? null : v.tables.find((t) => t.id === "categories-table");
+    state.charts = [];
+    section.hidden = !table;
+    if (!table) return;
+    const runs = v.runs.map((i) => data.runs[i]);
+    const peak = runs.reduce((a, r) => (r.peak_used_bytes > a.peak_used_bytes ? r : a), runs[0]);
+    const total = table.rows.reduce((a, c) => a + c.at_peak_bytes, 0);
+    const bar = $("category-peak"), key = $("category-key");
+    bar.textContent = ""; key.textContent = "";
+    for (const c of table.rows) {
+      const color = categoryColor(peak, c.category);
+      const share = c.at_peak_bytes / Math.max(1, total) * 100;
+      const text = c.category + " " + fmtBytes(c.at_peak_bytes) + " (" + share.toFixed(1) + "%)";
+      const part = el("span", { "data-category": c.category, "data-bytes": String(c.at_peak_bytes) });
+      part.style.width = share + "%";
+      part.style.background = color;
+      part.addEventListener("mousemove", (ev) => showTip(ev, text + " of the " + fmtBytes(total) + " live at the peak"));
+      part.addEventListener("mouseleave", hideTip);
+      bar.append(part);
+      const item = el("span", { "data-category": c.category });
+      const sw = el("span", { class: "swatch" });
+      sw.style.background = color;
+      item.append(sw, document.createTextNode(text));
+      key.append(item);
+    }
+    bar.dataset.totalBytes = String(total);
+    const charts = $("category-charts");
+    charts.textContent = "";
+    for (const r of runs) {
+      if (bandsBy(r, "category").by !== "category") continue;
+      state.charts.push(CategoryChart(charts, r, runs.length > 1));
+    }
+    const holder = $("category-tables");
+    holder.textContent = "";
+    for (const id of CATEGORY_TABLES) {
+      const t = v.tables.find((x) => x.id === id);
+      if (t) renderTable(holder, t);
+    }
+  }
+
+  // Each category's live bytes over time, one line each, on the timeline's axis.
+  function CategoryChart(container, run, titled) {
+    if (titled) container.append(el("div", { class: "run-title" }, run.name));
+    const canvas = el("canvas", { class: "timeline category-chart" });
+    container.append(canvas);
+    const bs = bandsBy(run, "category");
+    const series = bs.names.map(() => new Float64Array(run.t.length));
+    bs.live.forEach((flat, i) => {
+      for (let j = 0; j < flat.length; j += 2) series[flat[j]][i] = flat[j + 1];
+    });
+    let ymax = 1;
+    for (const s of series) for (const v of s) ymax = Math.max(ymax, v);
+    ymax *= 1.08;
+    const M = { l: 72, r: 12, t: 10, b: 24 };
+    let W = 0, H = 0;
+    const X = (ns) => M.l + (ns - state.range[0]) / (state.range[1] - state.range[0]) * (W - M.l - M.r);
+    const NS = (x) => state.range[0] + (x - M.l) / (W - M.l - M.r) * (state.range[1] - state.range[0]);
+    const Y = (b) => H - M.b - b / ymax * (H - M.t - M.b);
+    const endOf = (i) => (i + 1 < run.t.length ? run.t[i + 1] : run.t[i] + run.bucket_ns);
+    function draw() {
+      const dpr = window.devicePixelRatio || 1;
+      W = canvas.clientWidth; H = canvas.clientHeight;
+      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
+      const g = canvas.getContext("2d");
+      g.setTransform(dpr, 0, 0, dpr, 0, 0);
+      g.clearRect(0, 0, W, H);
+      g.font = "11px system-ui, sans-serif";
+      g.strokeStyle = "#ddd"; g.fillStyle = "#555"; g.lineWidth = 1;
+      g.textAlign = "right";
+      const ys = byteStep(ymax, 3);
+      for (let v = 0; v <= ymax; v += ys) {
+        const y = Math.round(Y(v)) + 0.5;
+        g.beginPath(); g.moveTo(M.l, y); g.lineTo(W - M.r, y); g.stroke();
+        g.fillText(fmtBytes(v), M.l - 4, y + 4);
+      }
+      g.textAlign = "center";
+      const xs = niceStep(state.range[1] - state.range[0], Math.max(2, Math.floor(W / 110)));
+      for (let v = Math.ceil(state.range[0] / xs) * xs; v <= state.range[1]; v += xs) g.fillText(fmtNs(v), X(v), H - 6);
+      g.save();
+      g.beginPath(); g.rect(M.l, 0, W - M.l - M.r, H - M.b); g.clip();
+      g.lineWidth = 1.5;
+      series.forEach((s, c) => {
+        g.strokeStyle = categoryColor(run, bs.names[c]);
+        g.beginPath();
+        for (let i = 0; i < run.t.length; i++) {
+          const y = Y(s[i]);
+          if (i === 0) g.moveTo(X(run.t[i]), y); else g.lineTo(X(run.t[i]), y);
+          g.lineTo(X(endOf(i)), y);
+        }
+        g.stroke();
+      });
+      g.restore();
+    }
+    canvas.addEventListener("mousemove", (ev) => {
+      const rect = canvas.getBoundingClientRect();
+      const ns = NS(ev.clientX - rect.left);
+      let lo = 0, hi = run.t.length - 1, i = -1;
+      while (lo <= hi) { const m = (lo + hi) >> 1; if (run.t[m] <= ns) { i = m; lo = m + 1; } else hi = m - 1; }
+      if (i < 0 || ns > endOf(i)) { hideTip(); return; }
+      const lines = series.map((s, c) => [bs.names[c], s[i]]).sort((a, b) => b[1] - a[1])
+        .map(([n, v]) => n + " " + fmtBytes(v));
+      showTip(ev, "at " + fmtNs(run.t[i]) + " \u2013 " + fmtNs(endOf(i)) + " (used " + fmtBytes(run.used[i]) + ")\n" + lines.join("\n"));
+    });
+    canvas.addEventListener("mouseleave", hideTip);
+    return { draw, canvas, run, series, names: bs.names };
   }
 
   // ---- page ----
@@ -610,6 +795,8 @@
   function renderView() {
     state.range = state.range || fullRange();
     renderSummary();
+    renderStackBy();
+    renderCategories();
     renderTimelines();
     renderFlame();
     renderTables();
@@ -645,7 +832,8 @@
       resize = setTimeout(() => { drawTimelines(); if (mainFlame) mainFlame.draw(); }, 100);
     });
     renderView();
-    window.poolsight = { data, state, selectInstant, goToPeak, timelines: () => state.timelines };
+    window.poolsight = { data, state, selectInstant, goToPeak, setStackBy, timelines: () => state.timelines,
+      charts: () => state.charts };
     window.poolsightReadyMs = performance.now();
     document.body.dataset.ready = "1";
   }
