@@ -1,7 +1,8 @@
 // Screenshots of a report for the docs, and its time to interactive.
 //   node tests/browser/screenshots.mjs demo.html docs/   # writes docs/html-{timeline,live,flamegraph}.png
 //   node tests/browser/screenshots.mjs torch.html docs/  # a report with categories (of
-//       fixtures/traces/torch/categories.pstrace): docs/html-categories{,-timeline}.png
+//       fixtures/traces/torch/categories.pstrace): docs/html-categories{,-timeline}.png and
+//       docs/html-torch-flamegraph.png
 //   node tests/browser/screenshots.mjs big.html          # only prints the timings
 import { chromium } from "playwright-core";
 import { resolve, join } from "node:path";
@@ -35,6 +36,13 @@ if (outDir && categories) {
   await page.screenshot({ path: join(outDir, "html-categories-timeline.png"), clip: { x: 0, y: 0, width: 1200, height: 560 } });
   await page.mouse.move(0, 0);
   await page.locator("#categories-section").screenshot({ path: join(outDir, "html-categories.png") });
+  // The flamegraph by bytes: frames read the user's line, the modules, the operator, the category.
+  await page.locator("#flame-section").scrollIntoViewIfNeeded();
+  await page.click("#metrics button[data-metric=used]");
+  await page.fill("#search", "self_attn");
+  await page.waitForTimeout(200);
+  const box = await page.locator("#flame-section").boundingBox();
+  await page.screenshot({ path: join(outDir, "html-torch-flamegraph.png"), clip: { ...box, height: Math.min(box.height, 420) } });
 } else if (outDir) {
   // A section's first 420 pixels (a table of many rows runs on).
   const shot = async (name, selector) => {

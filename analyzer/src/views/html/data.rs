@@ -33,6 +33,9 @@ pub struct ReportData {
     /// trace; for a diff, the base and the new run.
     pub views: Vec<ViewData>,
     pub diff: Option<DiffTree>,
+    /// Every trace observes an allocator from outside (no pool of poolsight's): the page then
+    /// speaks of allocated bytes, not of a pool.
+    pub observed: bool,
 }
 
 /// One trace's timeline.
@@ -162,6 +165,7 @@ pub fn report(title: &str, parts: &[Part], merged: &Profile) -> ReportData {
         runs,
         views,
         diff: None,
+        observed: merged.memory().observed,
     }
 }
 
@@ -180,6 +184,7 @@ pub fn diff(title: &str, base: &Part, new: &Part) -> ReportData {
         runs,
         views,
         diff: Some(diff),
+        observed: base.profile.memory().observed && new.profile.memory().observed,
     }
 }
 

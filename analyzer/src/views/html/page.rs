@@ -44,9 +44,9 @@ const BODY: &str = r#"<header>
 <main>
 <section id="timeline-section">
 <h2>Active memory over time</h2>
-<p class="help">Live pool bytes stacked by memory category, by module or by the stack that
-allocated them (each point is its time bucket's maximum, so the peak is exact), acquired bytes as
-a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is; click: what was live then.</p>
+<p class="help">Live bytes stacked by memory category, by module or by the stack that
+allocated them (each point is its time bucket's maximum, so the peak is exact), the bytes a pool
+acquired as a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is; click: what was live then.</p>
 <div class="toolbar"><button id="go-peak">Go to peak</button> <button id="zoom-reset">Reset zoom</button>
 <span id="stack-by" class="choice" hidden></span></div>
 <div id="timelines"></div>
@@ -62,7 +62,7 @@ stack that allocated them (the icicle) and as the timeline is stacked (the table
 <section id="categories-section" hidden>
 <h2>Memory by category</h2>
 <p class="help">What the live bytes are, by the categories <code>poolsight.torch.track()</code>
-records (PyTorch MemTracker's): at the pool's peak, over time (each point at its time bucket's
+records (PyTorch MemTracker's): at the peak of live bytes, over time (each point at its time bucket's
 used maximum), and per module the bytes live as its highest call began and ended and at that
 call's peak (MemTracker's Pre/Post/Peak-Forward), what its backward allocated and what it held at
 the peak: the figures of <code>poolsight categories</code>.</p>

@@ -526,8 +526,12 @@
       color = (n) => (m === "time" ? hotColor(n.name) : memColor(n.name));
       tip = (n) => n.name + "\n" + fmtMetric(m, n.value) + (m === "time" ? "" : " (" + fmtCount(n.value) + " bytes)") +
         ", " + (n.value / Math.max(1, root.value) * 100).toFixed(2) + "% of all";
-      const what = { used: "bytes taken from the pool", acquired: "bytes the pool took from the device",
-        peak: "bytes live at the pool's peak", time: "self time of scopes" }[m];
+      // A trace observed outside any pool (poolsight.torch.track()) has no pool to speak of.
+      const what = (data.observed
+        ? { used: "bytes allocated", acquired: "bytes allocated (no pool: as used)",
+          peak: "bytes live at the peak", time: "self time of scopes" }
+        : { used: "bytes taken from the pool", acquired: "bytes the pool took from the device",
+          peak: "bytes live at the pool's peak", time: "self time of scopes" })[m];
       $("flame-title").textContent = "Flamegraph: " + what;
     }
     mainFlame = Flame($("flame"), root, {
