@@ -53,19 +53,7 @@ fn steps(h: &Handle, pool: &MemoryPool) {
 fn the_timeline_holds_the_exact_peak_and_what_was_live_at_it() {
     let path = trace_path("peak");
     record_on_pool(&path, steps);
-    let (trace, profile) = replayed(&path);
-    let live = live_over_time(
-        &trace,
-        &profile.sources[0].series,
-        html::LIVE_STACKS,
-        html::LIVE_GROUPS,
-    );
-    let parts = [Part {
-        name: "run".into(),
-        profile: &profile,
-        live: &live,
-    }];
-    let d = data::report("t", &parts, &profile);
+    let (d, profile, _) = page_data(&path);
     let run = &d.runs[0];
     let stacks = by(&d, 0, "stack");
     let pool = &profile.sources[0].pool;

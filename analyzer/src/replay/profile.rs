@@ -26,6 +26,18 @@ pub struct Frame {
 }
 
 impl Frame {
+    /// A frame of `kind` at `file:line` named `name`, outside any phase (the unit tests').
+    #[cfg(test)]
+    pub(crate) fn new(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
+        Frame {
+            kind,
+            phase: Phase::None,
+            file: file.into(),
+            line,
+            name: name.into(),
+        }
+    }
+
     fn root() -> Frame {
         Frame {
             kind: FrameKind::Unknown,

@@ -313,16 +313,9 @@ pub fn differential_svg(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::names::Phase;
 
     fn frame(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
-        Frame {
-            kind,
-            phase: Phase::None,
-            file: file.into(),
-            line,
-            name: name.into(),
-        }
+        Frame::new(kind, file, line, name)
     }
 
     #[test]

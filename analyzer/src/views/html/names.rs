@@ -122,13 +122,7 @@ mod tests {
     use super::*;
 
     fn frame(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
-        Frame {
-            kind,
-            phase: Phase::None,
-            file: file.into(),
-            line,
-            name: name.into(),
-        }
+        Frame::new(kind, file, line, name)
     }
 
     fn torch(module: (&str, &str, u32), op: &str, label: &str) -> Vec<Frame> {

@@ -121,6 +121,7 @@ mod tests {
             runs: Vec::new(),
             views: Vec::new(),
             diff: None,
+            observed: false,
         };
         let page = render(&data);
         assert!(!page.contains("<img"), "no markup from the data");
