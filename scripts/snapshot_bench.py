@@ -11,6 +11,10 @@ frame dicts of its own as in PyTorch's snapshots; blocks live at the end in ``se
   torch.cuda._memory_viz trace|stats`` run), and ``pickle.load`` plus ``memory``'s folded
   stacks.
 
+Each measurement runs ``--repeats`` times, the rows taking turns so that a busy machine
+weighs on all of them alike; the table gives the median time and the largest peak RSS, and
+the load average before and after.
+
 Usage: python scripts/snapshot_bench.py [--entries 100000] [--depth 50] [--poolsight PATH]
 (the release binary, target/release/poolsight, by default). Prints one table."""
 
@@ -21,6 +25,7 @@ import os
 import pickle
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,7 +127,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=50)
     ap.add_argument("--stacks", type=int, default=5000)
     ap.add_argument("--poolsight", default="target/release/poolsight")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     exe = args.poolsight if os.path.exists(args.poolsight) else shutil.which("poolsight")
     tmp = tempfile.mkdtemp(prefix="snapshot-bench-")
@@ -133,31 +138,38 @@ def main() -> None:
         size = os.path.getsize(snap)
         trace = os.path.join(tmp, "snapshot.pstrace")
 
-        def best(fn):
-            runs = [fn() for _ in range(args.repeats)]
-            return min(r[0] for r in runs), max(r[1] for r in runs)
-
-        imp = best(lambda: timed([exe, "import", snap, "-o", trace, "--force"]))
-        rep_snap = best(lambda: timed([exe, "report", snap]))
-        rep_trace = best(lambda: timed([exe, "report", trace]))
-        viz_trace = best(lambda: python_timed("mv.trace(data); mv.segsum(data)", snap))
-        viz_mem = best(
-            lambda: python_timed("mv.memory(data, format_flamegraph=lambda s: s)", snap)
-        )
+        # In this order: each round's reports read the trace its import wrote.
+        what = {
+            "poolsight import": lambda: timed([exe, "import", snap, "-o", trace, "--force"]),
+            "poolsight report (snapshot)": lambda: timed([exe, "report", snap]),
+            "poolsight report (converted trace)": lambda: timed([exe, "report", trace]),
+            "_memory_viz load + trace + segsum": lambda: python_timed(
+                "mv.trace(data); mv.segsum(data)", snap
+            ),
+            "_memory_viz load + memory": lambda: python_timed(
+                "mv.memory(data, format_flamegraph=lambda s: s)", snap
+            ),
+        }
+        load_before = os.getloadavg()
+        runs = {name: [] for name in what}
+        for _ in range(args.repeats):
+            for name, fn in what.items():
+                runs[name].append(fn())
+        load_after = os.getloadavg()
+        rows = {
+            name: (statistics.median(r[0] for r in rs), max(r[1] for r in rs))
+            for name, rs in runs.items()
+        }
         mb = size / 1e6
         print(f"snapshot: {args.entries} entries, {args.depth} frames each, "
               f"{args.stacks} distinct stacks, {mb:.1f} MB pickle")
-        rows = [
-            ("poolsight import", imp),
-            ("poolsight report (snapshot)", rep_snap),
-            ("poolsight report (converted trace)", rep_trace),
-            ("_memory_viz load + trace + segsum", viz_trace),
-            ("_memory_viz load + memory", viz_mem),
-        ]
         print(f"{'what':<38}{'seconds':>9}{'MB/s':>9}{'peak RSS':>11}{'x pickle':>10}")
-        for name, (sec, rss) in rows:
+        for name, (sec, rss) in rows.items():
             print(f"{name:<38}{sec:>9.3f}{mb / sec:>9.1f}{rss / 1e6:>9.1f}MB{rss / size:>10.2f}")
-        print(f"report on the snapshot / on the converted trace: {rep_snap[0] / rep_trace[0]:.2f}x")
+        ratio = rows["poolsight report (snapshot)"][0] / rows["poolsight report (converted trace)"][0]
+        print(f"report on the snapshot / on the converted trace: {ratio:.2f}x")
+        print(f"medians of {args.repeats} runs; load average {load_before[0]:.2f} before, "
+              f"{load_after[0]:.2f} after")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

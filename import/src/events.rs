@@ -10,10 +10,9 @@ use poolsight_recorder::{
 use rustc_hash::FxHashMap;
 
 use crate::frames::FrameFilter;
-use crate::pickle::{Pickle, Tag};
 use crate::ImportError;
 
-/// A stack of [`Events::stacks`] (`NONE`: no stack).
+/// A stack of [`Events`] (`NONE`: no stack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stack(pub u32);
 
@@ -102,23 +101,6 @@ pub fn step_number(name: &str) -> Option<u32> {
     name.strip_prefix("ProfilerStep#")?.parse().ok()
 }
 
-/// The text of a string node, or `absent` (no node, or not a string).
-fn text<'p>(p: &'p Pickle<'_>, node: u32, absent: &'static str) -> &'p str {
-    if node == u32::MAX {
-        return absent;
-    }
-    p.str(node).unwrap_or(absent)
-}
-
-/// A snapshot frame by its pickle nodes: `name` and `filename` string nodes (`u32::MAX`:
-/// absent, read as `?` and `??`) and its line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FrameKey {
-    name: u32,
-    file: u32,
-    line: u32,
-}
-
 /// Everything a conversion produced, ready to write.
 pub struct Events {
     pub filter: FrameFilter,
@@ -126,18 +108,12 @@ pub struct Events {
     initial: Vec<Ev>,
     /// (ns, event), in the order pushed; written stably sorted by time.
     timed: Vec<(u64, Ev)>,
-    /// The frames of each stack, outermost first.
-    pub stacks: Vec<Vec<Frame>>,
-    by_key: FxHashMap<(u32, u32, bool), Stack>,
-    /// Stacks by the pickle nodes of their kept frames ([`FrameKey`]s): a snapshot gives every
-    /// entry frame dicts of its own but shares their strings (memoized), so most stacks are
-    /// found here without reading a string.
-    by_nodes: FxHashMap<(Vec<FrameKey>, u32, bool), Stack>,
-    /// Which field of a frame dict a key node is (0 none, 1 `name`, 2 `filename`, 3 `line`).
-    field_of_key: FxHashMap<u32, u8>,
-    /// Whether the filter keeps a frame, by its (name, file) nodes.
-    kept: FxHashMap<(u32, u32), bool>,
-    by_frames: FxHashMap<Vec<Frame>, Stack>,
+    /// Every distinct frame of the stacks.
+    frames: Vec<Frame>,
+    frame_ids: FxHashMap<Frame, u32>,
+    /// The frames of each stack, outermost first, as indices of `frames`.
+    stacks: Vec<Box<[u32]>>,
+    stack_ids: FxHashMap<Box<[u32]>, Stack>,
     pub entries: u64,
     pub overflowed: bool,
     pub unmapped: Vec<String>,
@@ -162,12 +138,10 @@ impl Events {
             filter,
             initial: Vec::new(),
             timed: Vec::new(),
+            frames: Vec::new(),
+            frame_ids: FxHashMap::default(),
             stacks: Vec::new(),
-            by_key: FxHashMap::default(),
-            by_nodes: FxHashMap::default(),
-            field_of_key: FxHashMap::default(),
-            kept: FxHashMap::default(),
-            by_frames: FxHashMap::default(),
+            stack_ids: FxHashMap::default(),
             entries: 0,
             overflowed: false,
             unmapped: Vec::new(),
@@ -197,105 +171,46 @@ impl Events {
         self.len() == 0
     }
 
-    /// The stack of a snapshot's frames list (innermost first, as PyTorch stores it), with
-    /// a category label innermost when `category` names one.
-    pub fn stack(&mut self, p: &Pickle<'_>, frames: u32, category: u32) -> Stack {
-        self.stack_of(p, frames, category, false)
-    }
-
-    /// [`Events::stack`] under the [`BEFORE_TRACE`] label.
-    pub fn before_trace_stack(&mut self, p: &Pickle<'_>, frames: u32, category: u32) -> Stack {
-        self.stack_of(p, frames, category, true)
-    }
-
-    fn stack_of(&mut self, p: &Pickle<'_>, frames: u32, category: u32, before: bool) -> Stack {
-        if let Some(&s) = self.by_key.get(&(frames, category, before)) {
-            return s;
-        }
-        // The kept frames as pickle nodes, outermost first.
-        let mut keys: Vec<FrameKey> = Vec::new();
-        if frames != u32::MAX && p.tag(frames) == Tag::List {
-            let all: Vec<u32> = p.items(frames).collect();
-            for &f in all.iter().rev() {
-                let key = self.frame_key(p, f);
-                let filter = self.filter;
-                let kept = *self.kept.entry((key.name, key.file)).or_insert_with(|| {
-                    filter.keeps(text(p, key.name, "?"), text(p, key.file, "??"))
-                });
-                if kept {
-                    keys.push(key);
-                }
-            }
-        }
-        let node_key = (keys, category, before);
-        if let Some(&s) = self.by_nodes.get(&node_key) {
-            self.by_key.insert((frames, category, before), s);
-            return s;
-        }
-        let mut out = Vec::new();
-        if before {
-            out.push(before_trace());
-        }
-        for k in &node_key.0 {
-            out.push(Frame {
-                kind: FrameKind::Foreign,
-                phase: Phase::None,
-                file: text(p, k.file, "??").to_owned(),
-                line: k.line,
-                name: text(p, k.name, "?").to_owned(),
-            });
-        }
-        if category != u32::MAX {
-            if let Some(c) = p.str(category) {
-                out.push(label(c));
-            }
-        }
-        let s = self.intern(out);
-        self.by_key.insert((frames, category, before), s);
-        self.by_nodes.insert(node_key, s);
-        s
-    }
-
-    /// A frame dict's `name` and `filename` nodes and its line, with one pass over its keys
-    /// (recognized by node once each).
-    fn frame_key(&mut self, p: &Pickle<'_>, frame: u32) -> FrameKey {
-        let mut key = FrameKey {
-            name: u32::MAX,
-            file: u32::MAX,
-            line: 0,
-        };
-        for (k, v) in p.pairs(frame) {
-            let field = *self
-                .field_of_key
-                .entry(k)
-                .or_insert_with(|| match p.str(k) {
-                    Some("name") => 1,
-                    Some("filename") => 2,
-                    Some("line") => 3,
-                    _ => 0,
-                });
-            match field {
-                1 => key.name = v,
-                2 => key.file = v,
-                3 => key.line = p.u64(v).unwrap_or(0).min(u32::MAX as u64) as u32,
-                _ => {}
-            }
-        }
-        key
-    }
-
     /// The stack of `frames` (outermost first).
     pub fn intern(&mut self, frames: Vec<Frame>) -> Stack {
+        let ids: Vec<u32> = frames.into_iter().map(|f| self.frame(f)).collect();
+        self.stack(&ids)
+    }
+
+    /// The id of a frame, for [`Events::stack`].
+    pub fn frame(&mut self, frame: Frame) -> u32 {
+        if let Some(&id) = self.frame_ids.get(&frame) {
+            return id;
+        }
+        let id = self.frames.len() as u32;
+        self.frames.push(frame.clone());
+        self.frame_ids.insert(frame, id);
+        id
+    }
+
+    /// The stack of frames given by their ids ([`Events::frame`]), outermost first.
+    pub fn stack(&mut self, frames: &[u32]) -> Stack {
         if frames.is_empty() {
             return Stack::NONE;
         }
-        if let Some(&s) = self.by_frames.get(&frames) {
+        if let Some(&s) = self.stack_ids.get(frames) {
             return s;
         }
         let s = Stack(self.stacks.len() as u32);
-        self.stacks.push(frames.clone());
-        self.by_frames.insert(frames, s);
+        self.stacks.push(frames.into());
+        self.stack_ids.insert(frames.into(), s);
         s
+    }
+
+    /// The frames of a stack, outermost first.
+    pub fn frames_of(&self, s: Stack) -> impl Iterator<Item = &Frame> + '_ {
+        let ids = self.stacks.get(s.0 as usize).map_or(&[][..], |b| &b[..]);
+        ids.iter().filter_map(|&f| self.frames.get(f as usize))
+    }
+
+    /// How many distinct stacks there are.
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
     }
 
     /// Writes the events as a poolsight trace at `out`.
@@ -355,7 +270,7 @@ impl Events {
         };
         let rec = Recorder::create(out, config)?;
         let h = rec.handle();
-        let ids: Vec<u32> = self.stacks.iter().map(|f| h.intern_frames(f)).collect();
+        let ids = h.intern_stacks(&self.frames, &self.stacks);
         let stack_id = |s: Stack| ids.get(s.0 as usize).copied().unwrap_or(0);
         let mut strings: FxHashMap<Box<str>, u32> = FxHashMap::default();
         self.timed.sort_by_key(|(t, _)| *t);

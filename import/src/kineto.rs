@@ -346,9 +346,11 @@ mod tests {
         let ev = convert(json, FrameFilter::Viewer).unwrap();
         assert!(ev.overflowed, "a free of an address never allocated");
         assert_eq!(
-            ev.stacks
-                .iter()
-                .filter(|s| s.last().is_some_and(|f| f.name == "aten::empty"))
+            (0..ev.stack_count() as u32)
+                .filter(|&s| ev
+                    .frames_of(Stack(s))
+                    .last()
+                    .is_some_and(|f| f.name == "aten::empty"))
                 .count(),
             1
         );

@@ -4,7 +4,8 @@
 //! the file's own timestamps, so that every report, view, export and `diff` reads it with the
 //! one implementation they have (docs/pytorch-files.md gives the rules).
 //!
-//! - [`pickle`]: a pickle reader that never runs code (a snapshot is untrusted input);
+//! - [`pickle`]: a pickle reader that never runs code (a snapshot is untrusted input) and
+//!   reads in one pass, handing each dict and list to the snapshot reader as it completes;
 //! - [`snapshot`]: a snapshot's entries and segments into events;
 //! - [`kineto`]: a profiler trace's memory events, operator and Python ranges and steps;
 //! - [`events`]: what both produce, and how it is written;
@@ -141,8 +142,16 @@ pub fn convert_file(
     let kind = detect(data);
     let events = match kind {
         Kind::Snapshot => {
-            let p = pickle::Pickle::parse(data, progress.take())?;
-            snapshot::convert(&p, opts.frames)?
+            let mut released = 0;
+            let mut read_so_far = |pos: u64| {
+                if let Some(m) = &map {
+                    release_read_pages(m, &mut released, pos);
+                }
+                if let Some(p) = progress.as_mut() {
+                    p(pos);
+                }
+            };
+            snapshot::read(data, opts.frames, Some(&mut read_so_far))?
         }
         Kind::Profile => kineto::convert_with(data, opts.frames, &opts.categories)?,
         Kind::Trace => {
@@ -190,6 +199,24 @@ pub fn convert_file(
         overflowed,
         unmapped,
     })
+}
+
+/// Hands back the pages of `map` below `pos`, which a pickle's reader has read and will not
+/// read again: a snapshot is read in one pass, and the process then holds what it made of the
+/// bytes, not the bytes.
+fn release_read_pages(map: &memmap2::Mmap, released: &mut usize, pos: u64) {
+    // A multiple of every page size in use.
+    const ALIGN: usize = 1 << 16;
+    let end = (pos as usize).min(map.len()) & !(ALIGN - 1);
+    if end <= *released {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: the mapping is private, read-only and backed by the file: a page dropped here is
+    // read again from the file if it is touched again, so the bytes seen are the file's either
+    // way (nothing written to the mapping is lost: nothing is).
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, end) };
+    *released = end;
 }
 
 /// The rank a snapshot's file name gives: `snapshot_<rank>.pickle`, `..._rank-<N>.pickle`,

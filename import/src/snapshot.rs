@@ -13,29 +13,62 @@
 //!   `segments` that no entry allocated (at its `requested_size`), were live from the start:
 //!   PyTorch's viewer (`MemoryViz.js`, `process_alloc_data`) counts them so, and the peaks
 //!   agree with it.
+//!
+//! The pickle is read in one pass ([`crate::pickle`]) and converted as it is read: each frame
+//! dict becomes a frame id as it completes, each list of frames an interned list of ids, each
+//! trace entry a row of a table ([`Entry`]). What is kept of the tree is the rest: the
+//! segments and their blocks, the lists that hold the entries, the annotations. So reading a
+//! snapshot needs memory for its distinct frames and stacks and a row per entry, not for the
+//! five million dicts of a large one.
 
 use rustc_hash::FxHashMap;
 
-use crate::events::{Ev, EvKind, Events, Stack};
+use crate::events::{before_trace, label, Ev, EvKind, Events, Stack};
 use crate::frames::FrameFilter;
-use crate::pickle::{Pickle, Tag};
+use crate::pickle::{self, Build, Parsed, Progress, Store, StrId, Value};
 use crate::ImportError;
+use poolsight_recorder::{Frame, FrameKind, Phase};
 
-/// One device's trace entry, as read.
-#[derive(Debug, Clone, Copy)]
-struct Entry {
-    action: Action,
-    addr: u64,
-    size: u64,
-    stream: u64,
-    time_us: Option<u64>,
-    /// Node of the frames list (or `u32::MAX`: none).
-    frames: u32,
-    /// Node of the `user_metadata` string, or of the `category` (profiler snapshots).
-    note: u32,
-    category: u32,
-    device_free: u64,
-}
+/// The strings a snapshot's many dicts are recognized by, interned first so that each is a
+/// known [`StrId`]: the keys of trace entries and frames, then the actions in
+/// [`ACTIONS`]' order.
+const KNOWN: [&str; 22] = [
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "frames",
+    "user_metadata",
+    "category",
+    "device_free",
+    "filename",
+    "name",
+    "line",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+    "annotate",
+];
+const ACTION: StrId = 0;
+const ADDR: StrId = 1;
+const SIZE: StrId = 2;
+const STREAM: StrId = 3;
+const TIME_US: StrId = 4;
+const FRAMES: StrId = 5;
+const USER_METADATA: StrId = 6;
+const CATEGORY: StrId = 7;
+const DEVICE_FREE: StrId = 8;
+const FILENAME: StrId = 9;
+const NAME: StrId = 10;
+const LINE: StrId = 11;
+const FIRST_ACTION: StrId = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Action {
@@ -51,25 +84,245 @@ enum Action {
     Annotate,
 }
 
-impl Action {
-    fn parse(s: &str) -> Option<Action> {
-        Some(match s {
-            "alloc" => Action::Alloc,
-            "free_requested" => Action::FreeRequested,
-            "free_completed" => Action::FreeCompleted,
-            "segment_alloc" => Action::SegmentAlloc,
-            "segment_free" => Action::SegmentFree,
-            "segment_map" => Action::SegmentMap,
-            "segment_unmap" => Action::SegmentUnmap,
-            "oom" => Action::Oom,
-            "snapshot" => Action::Snapshot,
-            "annotate" => Action::Annotate,
-            _ => return None,
-        })
+/// The actions, in the order of their names in [`KNOWN`].
+const ACTIONS: [Action; 10] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Oom,
+    Action::Snapshot,
+    Action::Annotate,
+];
+
+/// No string, frame list or entry.
+const NONE: u32 = u32::MAX;
+
+/// One trace entry, as read.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The action, or the name of one this reader does not know (`NONE`: not a string).
+    action: Result<Action, StrId>,
+    addr: u64,
+    size: u64,
+    stream: u64,
+    time_us: Option<u64>,
+    /// Its frames, an index of [`Tables::lists`] (`NONE`: none).
+    frames: u32,
+    /// Its `user_metadata` string.
+    note: StrId,
+    /// Its `category` string (profiler snapshots).
+    category: StrId,
+    device_free: u64,
+}
+
+/// A frame, by its strings (`NONE`: absent or not a string, read as `?` and `??`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FrameKey {
+    name: StrId,
+    file: StrId,
+    line: u32,
+}
+
+/// What the reader makes of a complete dict or list of a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Made {
+    /// A frame dict (a dict with `filename`): an index of [`Tables::frames`].
+    Frame(u32),
+    /// A list of frames: an index of [`Tables::lists`].
+    Frames(u32),
+    /// A trace entry (a dict with `action`): an index of [`Tables::entries`].
+    Entry(u32),
+}
+
+/// The frames, lists of frames and entries of a snapshot, each distinct frame and list once.
+#[derive(Default)]
+struct Tables {
+    frames: Vec<FrameKey>,
+    frame_ids: FxHashMap<FrameKey, u32>,
+    lists: Vec<Box<[u32]>>,
+    list_ids: FxHashMap<Box<[u32]>, u32>,
+    entries: Vec<Entry>,
+    scratch: Vec<u32>,
+}
+
+impl Build for Tables {
+    type Made = Made;
+
+    fn dict(&mut self, s: &Store<Made>, kv: &[Value<Made>]) -> Option<Made> {
+        // One pass: a frame's fields are read on the way, in case it is one.
+        let mut key = FrameKey {
+            name: NONE,
+            file: NONE,
+            line: 0,
+        };
+        let mut frame = false;
+        for p in kv.chunks_exact(2) {
+            match p[0] {
+                Value::Str(ACTION) => {
+                    let e = self.entry(s, kv);
+                    let id = u32::try_from(self.entries.len()).unwrap_or(NONE);
+                    self.entries.push(e);
+                    return Some(Made::Entry(id));
+                }
+                Value::Str(FILENAME) => {
+                    frame = true;
+                    key.file = str_id(p[1]);
+                }
+                Value::Str(NAME) => key.name = str_id(p[1]),
+                Value::Str(LINE) => key.line = line(p[1]),
+                _ => {}
+            }
+        }
+        frame.then(|| Made::Frame(self.intern_frame(key)))
+    }
+
+    fn list(&mut self, _: &Store<Made>, items: &[Value<Made>]) -> Option<Made> {
+        if items.is_empty() {
+            return None;
+        }
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        for v in items {
+            match v {
+                Value::Made(Made::Frame(f)) => ids.push(*f),
+                _ => {
+                    self.scratch = ids;
+                    return None;
+                }
+            }
+        }
+        let id = self.intern_list(&ids);
+        self.scratch = ids;
+        Some(Made::Frames(id))
     }
 }
 
-const NONE: u32 = u32::MAX;
+impl Tables {
+    fn entry(&mut self, s: &Store<Made>, kv: &[Value<Made>]) -> Entry {
+        let mut e = Entry {
+            action: Err(NONE),
+            addr: 0,
+            size: 0,
+            stream: 0,
+            time_us: None,
+            frames: NONE,
+            note: NONE,
+            category: NONE,
+            device_free: 0,
+        };
+        for p in kv.chunks_exact(2) {
+            let (Value::Str(k), v) = (p[0], p[1]) else {
+                continue;
+            };
+            match k {
+                ACTION => {
+                    let id = str_id(v);
+                    e.action = match id.checked_sub(FIRST_ACTION) {
+                        Some(i) if (i as usize) < ACTIONS.len() => Ok(ACTIONS[i as usize]),
+                        _ => Err(id),
+                    };
+                }
+                ADDR => e.addr = v.u64().unwrap_or(0),
+                SIZE => e.size = v.u64().unwrap_or(0),
+                STREAM => e.stream = v.u64().unwrap_or(0),
+                TIME_US => e.time_us = v.u64(),
+                FRAMES => e.frames = self.frames_of(s, v),
+                USER_METADATA => e.note = str_id(v),
+                CATEGORY => e.category = str_id(v),
+                DEVICE_FREE => e.device_free = v.u64().unwrap_or(0),
+                _ => {}
+            }
+        }
+        e
+    }
+
+    /// A frame dict's `name`, `filename` and `line` as a frame id.
+    fn frame(&mut self, kv: &[Value<Made>]) -> u32 {
+        let mut key = FrameKey {
+            name: NONE,
+            file: NONE,
+            line: 0,
+        };
+        for p in kv.chunks_exact(2) {
+            match p[0] {
+                Value::Str(NAME) => key.name = str_id(p[1]),
+                Value::Str(FILENAME) => key.file = str_id(p[1]),
+                Value::Str(LINE) => key.line = line(p[1]),
+                _ => {}
+            }
+        }
+        self.intern_frame(key)
+    }
+
+    fn intern_frame(&mut self, key: FrameKey) -> u32 {
+        if let Some(&id) = self.frame_ids.get(&key) {
+            return id;
+        }
+        let id = u32::try_from(self.frames.len()).unwrap_or(NONE);
+        self.frames.push(key);
+        self.frame_ids.insert(key, id);
+        id
+    }
+
+    fn intern_list(&mut self, ids: &[u32]) -> u32 {
+        if let Some(&id) = self.list_ids.get(ids) {
+            return id;
+        }
+        let id = u32::try_from(self.lists.len()).unwrap_or(NONE);
+        self.lists.push(ids.into());
+        self.list_ids.insert(ids.into(), id);
+        id
+    }
+
+    /// The frames of a `frames` value: a list of frames as read, or any other list (an empty
+    /// one, or one with items that are not frame dicts: each is a frame with what it has of
+    /// `name`, `filename` and `line`). `NONE` for anything but a list.
+    fn frames_of(&mut self, s: &Store<Made>, v: Value<Made>) -> u32 {
+        match v {
+            Value::Made(Made::Frames(id)) => id,
+            Value::List(_) => {
+                let mut ids = Vec::new();
+                for &item in s.items(v) {
+                    let id = match item {
+                        Value::Made(Made::Frame(f)) => f,
+                        Value::Dict(_) => self.frame(s.items(item)),
+                        _ => self.frame(&[]),
+                    };
+                    ids.push(id);
+                }
+                self.intern_list(&ids)
+            }
+            _ => NONE,
+        }
+    }
+}
+
+/// The string a value is, or `NONE`.
+fn str_id(v: Value<Made>) -> StrId {
+    match v {
+        Value::Str(id) => id,
+        _ => NONE,
+    }
+}
+
+/// A frame's line number.
+fn line(v: Value<Made>) -> u32 {
+    v.u64().unwrap_or(0).min(u32::MAX as u64) as u32
+}
+
+/// What a value is, for error messages.
+fn kind_name(v: Value<Made>) -> &'static str {
+    match v {
+        Value::Made(Made::Frame(_)) => "a frame (a dict with `filename`)",
+        Value::Made(Made::Frames(_)) => "a list of frames",
+        Value::Made(Made::Entry(_)) => "a trace entry (a dict with `action`)",
+        other => other.kind_name(),
+    }
+}
 
 /// Counts of what was read but could not be mapped, reported by `info`.
 #[derive(Default)]
@@ -88,21 +341,33 @@ impl Unmapped {
     }
 }
 
-/// Reads a parsed snapshot into time-ordered events.
-pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportError> {
-    let root = p.root;
-    let (segments, traces, annotations) = match p.tag(root) {
-        Tag::Dict => (
-            p.get(root, "segments"),
-            p.get(root, "device_traces"),
-            p.get(root, "external_annotations"),
+/// Reads a snapshot pickle into time-ordered events. `progress` is called with the bytes
+/// read so far.
+pub fn read(
+    data: &[u8],
+    filter: FrameFilter,
+    progress: Option<Progress<'_>>,
+) -> Result<Events, ImportError> {
+    let mut tables = Tables::default();
+    let parsed = pickle::parse(data, &KNOWN, &mut tables, progress)?;
+    convert(&parsed, tables, filter)
+}
+
+/// The snapshot's events, from its pickle as read.
+fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Events, ImportError> {
+    let (s, root) = (&p.store, p.root);
+    let (segments, traces, annotations) = match root {
+        Value::Dict(_) => (
+            s.get(root, "segments"),
+            s.get(root, "device_traces"),
+            s.get(root, "external_annotations"),
         ),
         // The oldest snapshots are the list of segments alone (`_memory_viz` reads them so).
-        Tag::List => (Some(root), None, None),
+        Value::List(_) => (Some(root), None, None),
         _ => {
             return Err(ImportError::NotSnapshot(format!(
                 "the pickle holds {}, not a snapshot's dict",
-                p.kind_name(root)
+                kind_name(root)
             )))
         }
     };
@@ -112,52 +377,56 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
         ));
     }
     let mut unmapped = Unmapped::default();
-    if p.tag(root) == Tag::Dict {
-        for (k, v) in p.pairs(root) {
-            match p.str(k) {
-                Some("segments" | "device_traces" | "external_annotations") => {}
-                Some("allocator_settings") => {}
-                Some("host_segments" | "host_traces") => {
-                    let n = p.items(v).count();
-                    if n > 0 {
-                        unmapped.0.insert(
-                            format!("{} (pinned host memory)", p.str(k).unwrap_or_default()),
-                            n as u64,
-                        );
-                    }
+    for (k, v) in s.pairs(root) {
+        match s.str(k) {
+            Some("segments" | "device_traces" | "external_annotations") => {}
+            Some("allocator_settings") => {}
+            Some(key @ ("host_segments" | "host_traces")) => {
+                let n = s.items(v).len();
+                if n > 0 {
+                    unmapped
+                        .0
+                        .insert(format!("{key} (pinned host memory)"), n as u64);
                 }
-                Some(other) => unmapped.add(format!("snapshot key `{other}`")),
-                None => unmapped.add("a snapshot key that is not a string"),
             }
+            Some(other) => unmapped.add(format!("snapshot key `{other}`")),
+            None => unmapped.add("a snapshot key that is not a string"),
         }
     }
     let mut ev = Events::new(filter);
+    let mut stacks = Stacks::new(filter);
     let mut streams = StreamIds::default();
+    let entries = std::mem::take(&mut t.entries);
     // Per device, its entries.
     let mut devices: Vec<Vec<Entry>> = Vec::new();
-    if let Some(t) = traces {
-        expect(p, t, Tag::List, "device_traces")?;
-        for d in p.items(t) {
-            expect(p, d, Tag::List, "a device trace")?;
-            let mut entries = Vec::new();
-            for e in p.items(d) {
-                if p.tag(e) != Tag::Dict || p.get(e, "action").is_none() {
+    if let Some(traces) = traces {
+        expect_list(traces, "device_traces")?;
+        for &d in s.items(traces) {
+            expect_list(d, "a device trace")?;
+            let mut list = Vec::with_capacity(s.items(d).len());
+            for &e in s.items(d) {
+                let entry = match e {
+                    Value::Made(Made::Entry(i)) => entries.get(i as usize),
+                    _ => None,
+                };
+                let Some(entry) = entry else {
                     return Err(ImportError::NotSnapshot(format!(
                         "a device trace holds {}, not a trace entry (a dict with `action`)",
-                        p.kind_name(e)
+                        kind_name(e)
                     )));
-                }
-                match entry(p, e) {
-                    Some(x) => entries.push(x),
-                    None => unmapped.add(format!(
+                };
+                match entry.action {
+                    Ok(_) => list.push(*entry),
+                    Err(name) => unmapped.add(format!(
                         "trace entries with action `{}`",
-                        p.get(e, "action").and_then(|a| p.str(a)).unwrap_or("?")
+                        if name == NONE { "?" } else { s.text(name) }
                     )),
                 }
             }
-            devices.push(entries);
+            devices.push(list);
         }
     }
+    drop(entries);
     ev.entries = devices.iter().map(|d| d.len() as u64).sum();
     let has_time = devices.iter().flatten().any(|e| e.time_us.is_some());
     let t0_us = devices
@@ -176,38 +445,33 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
     let mut final_reserved: FxHashMap<u32, u64> = FxHashMap::default();
     let mut live_blocks: Vec<(u32, u64, u64, u32, u64)> = Vec::new(); // device, addr, size, frames, stream
     if let Some(segs) = segments {
-        expect(p, segs, Tag::List, "segments")?;
-        for s in p.items(segs) {
-            if p.tag(s) != Tag::Dict || p.get(s, "blocks").is_none() {
+        expect_list(segs, "segments")?;
+        for &seg in s.items(segs) {
+            let Some(blocks) = s.get(seg, "blocks") else {
                 return Err(ImportError::NotSnapshot(format!(
                     "`segments` holds {}, not a segment (a dict with `blocks`)",
-                    p.kind_name(s)
+                    kind_name(seg)
                 )));
-            }
-            let device = p
-                .get(s, "device")
-                .and_then(|d| p.u64(d))
-                .unwrap_or(0)
-                .min(255) as u32;
-            let total = p.get(s, "total_size").and_then(|v| p.u64(v)).unwrap_or(0);
-            let stream = p.get(s, "stream").and_then(|v| p.u64(v)).unwrap_or(0);
+            };
+            let int = |key: &str| s.get(seg, key).and_then(|v| v.u64());
+            let device = int("device").unwrap_or(0).min(255) as u32;
+            let total = int("total_size").unwrap_or(0);
+            let stream = int("stream").unwrap_or(0);
             *final_reserved.entry(device).or_default() += total;
-            let mut addr = p.get(s, "address").and_then(|v| p.u64(v)).unwrap_or(0);
-            if let Some(blocks) = p.get(s, "blocks") {
-                for b in p.items(blocks) {
-                    let size = p.get(b, "size").and_then(|v| p.u64(v)).unwrap_or(0);
-                    let state = p.get(b, "state").and_then(|v| p.str(v)).unwrap_or("");
-                    if state == "active_allocated" {
-                        let (frames, requested) = block_extra(p, b, size);
-                        live_blocks.push((device, addr, requested, frames, stream));
-                    }
-                    addr = addr.wrapping_add(size);
+            let mut addr = int("address").unwrap_or(0);
+            for &b in s.items(blocks) {
+                let size = s.get(b, "size").and_then(|v| v.u64()).unwrap_or(0);
+                let state = s.get(b, "state").and_then(|v| s.str(v)).unwrap_or("");
+                if state == "active_allocated" {
+                    let (frames, requested) = block_extra(s, &mut t, b, size);
+                    live_blocks.push((device, addr, requested, frames, stream));
                 }
+                addr = addr.wrapping_add(size);
             }
         }
     }
     if let Some(a) = annotations {
-        read_annotations(p, a, t0_us, &mut ev, &mut unmapped);
+        read_annotations(s, a, t0_us, &mut ev, &mut unmapped);
     }
 
     // Per device: what the trace leaves live at its end, what was live from the start, and the
@@ -219,17 +483,18 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
         let mut seg_net: i128 = 0;
         let mut time_ns = 0u64;
         for (i, e) in entries.iter().enumerate() {
-            let t = match e.time_us {
+            let Ok(action) = e.action else { continue };
+            let t_ns = match e.time_us {
                 Some(t) if has_time => t.saturating_sub(t0_us).saturating_mul(1000),
                 _ => i as u64 * 1000,
             };
             // Entries keep the allocator's order; a clock that steps back is held level.
-            time_ns = time_ns.max(t);
+            time_ns = time_ns.max(t_ns);
             let stream = streams.id(e.stream);
-            match e.action {
+            match action {
                 Action::Alloc => {
                     live.insert(e.addr, ());
-                    let stack = ev.stack(p, e.frames, e.category);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, e.category, false);
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Malloc, device, stream, e.addr, e.size, stack),
@@ -252,7 +517,7 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
                     if live.remove(&e.addr).is_none() {
                         // Allocated before the trace began (or before the ring's oldest entry).
                         overflowed = true;
-                        let stack = ev.before_trace_stack(p, e.frames, e.category);
+                        let stack = stacks.get(&mut ev, &t, s, e.frames, e.category, true);
                         ev.push_initial(Ev::mem(
                             EvKind::Malloc,
                             device,
@@ -282,7 +547,7 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
                     );
                 }
                 Action::Oom => {
-                    let stack = ev.stack(p, e.frames, NONE);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, NONE, false);
                     ev.push(
                         time_ns,
                         Ev::oom(device, stream, e.size, e.device_free, stack),
@@ -290,15 +555,15 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
                 }
                 Action::Snapshot => ev.push(time_ns, Ev::snapshot(device)),
                 Action::Annotate => {
-                    let text = p.str(e.note).unwrap_or("").to_owned();
-                    ev.push(time_ns, Ev::annotation(device, e.addr, text));
+                    let text = if e.note == NONE { "" } else { s.text(e.note) };
+                    ev.push(time_ns, Ev::annotation(device, e.addr, text.to_owned()));
                 }
             }
         }
         // Blocks active at the end that the trace did not allocate: live from the start.
         for &(d, addr, requested, frames, stream) in &live_blocks {
             if d == device && !live.contains_key(&addr) {
-                let stack = ev.stack(p, frames, NONE);
+                let stack = stacks.get(&mut ev, &t, s, frames, NONE, false);
                 let stream = streams.id(stream);
                 ev.push_initial(Ev::mem(
                     EvKind::Malloc,
@@ -327,7 +592,7 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
     // Devices that only the segments name.
     for &(d, addr, requested, frames, stream) in &live_blocks {
         if d as usize >= devices.len() {
-            let stack = ev.stack(p, frames, NONE);
+            let stack = stacks.get(&mut ev, &t, s, frames, NONE, false);
             let stream = streams.id(stream);
             ev.push_initial(Ev::mem(EvKind::Malloc, d, stream, addr, requested, stack));
         }
@@ -346,84 +611,49 @@ pub fn convert(p: &Pickle<'_>, filter: FrameFilter) -> Result<Events, ImportErro
     Ok(ev)
 }
 
-fn expect(p: &Pickle<'_>, id: u32, tag: Tag, what: &str) -> Result<(), ImportError> {
-    if p.tag(id) == tag {
-        Ok(())
-    } else {
-        Err(ImportError::NotSnapshot(format!(
-            "`{what}` is {}, not {}",
-            p.kind_name(id),
-            match tag {
-                Tag::List => "a list",
-                _ => "a dict",
-            }
-        )))
+fn expect_list(v: Value<Made>, what: &str) -> Result<(), ImportError> {
+    match v {
+        Value::List(_) => Ok(()),
+        other => Err(ImportError::NotSnapshot(format!(
+            "`{what}` is {}, not a list",
+            kind_name(other)
+        ))),
     }
-}
-
-fn entry(p: &Pickle<'_>, e: u32) -> Option<Entry> {
-    let mut x = Entry {
-        action: Action::Snapshot,
-        addr: 0,
-        size: 0,
-        stream: 0,
-        time_us: None,
-        frames: NONE,
-        note: NONE,
-        category: NONE,
-        device_free: 0,
-    };
-    let mut action = None;
-    for (k, v) in p.pairs(e) {
-        match p.str(k)? {
-            "action" => action = Action::parse(p.str(v)?),
-            "addr" => x.addr = p.u64(v).unwrap_or(0),
-            "size" => x.size = p.u64(v).unwrap_or(0),
-            "stream" => x.stream = p.u64(v).unwrap_or(0),
-            "time_us" => x.time_us = p.u64(v),
-            "frames" => x.frames = v,
-            "user_metadata" => x.note = v,
-            "category" => x.category = v,
-            "device_free" => x.device_free = p.u64(v).unwrap_or(0),
-            _ => {}
-        }
-    }
-    x.action = action?;
-    Some(x)
 }
 
 /// A block's frames and the bytes the viewer counts for it (`requested_size`; the legacy
 /// layout keeps both in `history[0]`).
-fn block_extra(p: &Pickle<'_>, b: u32, size: u64) -> (u32, u64) {
-    if let Some(f) = p.get(b, "frames") {
-        let req = p
-            .get(b, "requested_size")
-            .and_then(|v| p.u64(v))
-            .unwrap_or(size);
-        return (f, req);
+fn block_extra(s: &Store<Made>, t: &mut Tables, b: Value<Made>, size: u64) -> (u32, u64) {
+    let requested = |d: Value<Made>, key: &str| s.get(d, key).and_then(|v| v.u64()).unwrap_or(size);
+    if let Some(f) = s.get(b, "frames") {
+        return (t.frames_of(s, f), requested(b, "requested_size"));
     }
-    if let Some(h) = p.get(b, "history").and_then(|h| p.items(h).next()) {
-        let frames = p.get(h, "frames").unwrap_or(NONE);
-        let req = p.get(h, "real_size").and_then(|v| p.u64(v)).unwrap_or(size);
-        return (frames, req);
+    if let Some(h) = s
+        .get(b, "history")
+        .and_then(|h| s.items(h).first().copied())
+    {
+        let frames = s.get(h, "frames").map_or(NONE, |f| t.frames_of(s, f));
+        return (frames, requested(h, "real_size"));
     }
-    let req = p
-        .get(b, "requested_size")
-        .and_then(|v| p.u64(v))
-        .unwrap_or(size);
-    (NONE, req)
+    (NONE, requested(b, "requested_size"))
 }
 
 /// `external_annotations`: `{name, stage: START|END, device, time_us}` from
 /// `record_function` ranges; `ProfilerStep#N` ranges become epochs, others marks.
-fn read_annotations(p: &Pickle<'_>, a: u32, t0_us: u64, ev: &mut Events, unmapped: &mut Unmapped) {
-    for x in p.items(a) {
-        let name = p.get(x, "name").and_then(|v| p.str(v));
-        let stage = p.get(x, "stage").and_then(|v| p.str(v)).unwrap_or("");
-        let time = p.get(x, "time_us").and_then(|v| p.u64(v));
-        let device = p
+fn read_annotations(
+    s: &Store<Made>,
+    a: Value<Made>,
+    t0_us: u64,
+    ev: &mut Events,
+    unmapped: &mut Unmapped,
+) {
+    for &x in s.items(a) {
+        let name = s.get(x, "name").and_then(|v| s.str(v));
+        let stage = s.get(x, "stage").and_then(|v| s.str(v)).unwrap_or("");
+        let time = s.get(x, "time_us").and_then(|v| v.u64());
+        let device = s
             .get(x, "device")
-            .and_then(|v| p.u64(v))
+            .and_then(|v| v.u64())
             .unwrap_or(0)
             .min(255) as u32;
         let (Some(name), Some(time)) = (name, time) else {
@@ -439,6 +669,90 @@ fn read_annotations(p: &Pickle<'_>, a: u32, t0_us: u64, ev: &mut Events, unmappe
                 Ev::annotation(device, 0, format!("{stage} {name}").trim().to_owned()),
             ),
         }
+    }
+}
+
+/// The stacks of the entries: a list of frames, filtered ([`FrameFilter`]), outermost first,
+/// with a category label innermost when the entry has one, under the [`before_trace`] frame
+/// for a block the trace did not allocate. Each frame is filtered and made once, each list
+/// of frames made a stack once.
+struct Stacks {
+    filter: FrameFilter,
+    /// Per frame of [`Tables::frames`]: not seen yet (`None`), dropped by the filter
+    /// (`Some(NONE)`), or its id in [`Events`].
+    frames: Vec<Option<u32>>,
+    by_list: FxHashMap<(u32, StrId, bool), Stack>,
+    ids: Vec<u32>,
+}
+
+impl Stacks {
+    fn new(filter: FrameFilter) -> Stacks {
+        Stacks {
+            filter,
+            frames: Vec::new(),
+            by_list: FxHashMap::default(),
+            ids: Vec::new(),
+        }
+    }
+
+    fn get(
+        &mut self,
+        ev: &mut Events,
+        t: &Tables,
+        s: &Store<Made>,
+        frames: u32,
+        category: StrId,
+        before: bool,
+    ) -> Stack {
+        if let Some(&st) = self.by_list.get(&(frames, category, before)) {
+            return st;
+        }
+        self.ids.clear();
+        if before {
+            self.ids.push(ev.frame(before_trace()));
+        }
+        // PyTorch stores a stack innermost first.
+        let list = t.lists.get(frames as usize).map_or(&[][..], |l| &l[..]);
+        for &f in list.iter().rev() {
+            let id = self.frame(ev, t, s, f);
+            if id != NONE {
+                self.ids.push(id);
+            }
+        }
+        if category != NONE {
+            self.ids.push(ev.frame(label(s.text(category))));
+        }
+        let stack = ev.stack(&self.ids);
+        self.by_list.insert((frames, category, before), stack);
+        stack
+    }
+
+    /// The id in `ev` of a frame of [`Tables::frames`], `NONE` when the filter drops it.
+    fn frame(&mut self, ev: &mut Events, t: &Tables, s: &Store<Made>, f: u32) -> u32 {
+        if let Some(&Some(id)) = self.frames.get(f as usize) {
+            return id;
+        }
+        let Some(k) = t.frames.get(f as usize) else {
+            return NONE;
+        };
+        let text = |id: StrId, absent: &'static str| if id == NONE { absent } else { s.text(id) };
+        let (name, file) = (text(k.name, "?"), text(k.file, "??"));
+        let id = if self.filter.keeps(name, file) {
+            ev.frame(Frame {
+                kind: FrameKind::Foreign,
+                phase: Phase::None,
+                file: file.to_owned(),
+                line: k.line,
+                name: name.to_owned(),
+            })
+        } else {
+            NONE
+        };
+        if self.frames.len() <= f as usize {
+            self.frames.resize(f as usize + 1, None);
+        }
+        self.frames[f as usize] = Some(id);
+        id
     }
 }
 

@@ -2,9 +2,12 @@
 
 Snapshots of real models come from ``_memory_viz._profile_to_snapshot`` on CPU profiles (the
 genuine snapshot dicts PyTorch's tools make), pickled by Python's ``pickle`` with protocols 2
-to 5; hand-made snapshots cover what a CPU run cannot make (segments and streams, expandable
-segments, a ``free_requested`` long before its ``free_completed``, ring overflow, OOM entries,
-several devices, older layouts). Bad and hostile pickles must be one error line, exit 2."""
+to 5, and poolsight's figures are compared with what ``_memory_viz``'s ``memory``,
+``segments``, ``segsum``, ``trace`` and ``compare`` print for the same file (docs/
+pytorch-files.md says what each comparison is, and what cannot be compared); hand-made
+snapshots cover what a CPU run cannot make (segments and streams, expandable segments, a
+``free_requested`` long before its ``free_completed``, ring overflow, OOM entries, several
+devices, older layouts). Bad and hostile pickles must be one error line, exit 2."""
 
 from __future__ import annotations
 
@@ -17,7 +20,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from memviz_oracle import live_by_stack, viewer_peak
+from memviz_oracle import (
+    compared,
+    live_by_segment_and_stack,
+    live_by_stack,
+    segsum_totals,
+    trace_entries,
+    viewer_peak,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -36,18 +46,29 @@ def info(path: Path, *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
-def live_at_end_by_stack(path: Path, tmp: Path) -> dict:
-    """poolsight's blocks live at the end, by stack, from its JSON Lines export: frames as
-    ``_memory_viz`` prints them (file base name), category labels left out."""
+def exported(path: Path, tmp: Path) -> tuple:
+    """poolsight's JSON Lines export of a file: its stacks by id, and its other records in
+    the order written."""
     out = tmp / "events.jsonl"
     r = cli("export", "--format", "json", "-o", str(out), str(path))
     assert r.returncode == 0, r.stderr
-    stacks, live = {}, {}
+    stacks, events = {}, []
     for line in out.read_text().splitlines():
         e = json.loads(line)
         if e["type"] == "stack":
             stacks[e["id"]] = e
-        elif e["type"] == "malloc_post":
+        else:
+            events.append(e)
+    return stacks, events
+
+
+def live_blocks(path: Path, tmp: Path) -> list:
+    """poolsight's blocks live at the end: (address, bytes, frames), frames as ``_memory_viz``
+    prints them (file base name), category labels left out."""
+    stacks, events = exported(path, tmp)
+    live = {}
+    for e in events:
+        if e["type"] == "malloc_post":
             live[(e["device"], e["ptr"])] = (e["bytes"], e["stack"])
         elif e["type"] == "free_post":
             live.pop((e["device"], e["ptr"]), None)
@@ -61,13 +82,45 @@ def live_at_end_by_stack(path: Path, tmp: Path) -> dict:
             sid = s["parent"]
         return tuple(reversed(out))
 
+    return [(ptr, size, frames(sid)) for (_, ptr), (size, sid) in live.items()]
+
+
+def live_at_end_by_stack(path: Path, tmp: Path) -> dict:
     by = defaultdict(int)
-    for size, sid in live.values():
-        by[frames(sid)] += size
+    for _, size, frames in live_blocks(path, tmp):
+        by[frames] += size
     return dict(by)
 
 
-def train_mlp() -> None:
+def by_segment(blocks: list, snap: dict) -> dict:
+    """{(segment address, frames): bytes} of blocks, each in the snapshot's segment that holds
+    its address."""
+    by = defaultdict(int)
+    for ptr, size, frames in blocks:
+        seg = next(
+            s["address"]
+            for s in snap["segments"]
+            if s["address"] <= ptr < s["address"] + s["total_size"]
+        )
+        by[(seg, frames)] += size
+    return dict(by)
+
+
+def entries_written(path: Path, tmp: Path) -> list:
+    """poolsight's allocations, free requests and frees, in order, as (action, size as
+    ``_memory_viz`` prints sizes)."""
+    from torch.cuda._memory_viz import Bytes
+
+    kinds = {
+        "malloc_post": "alloc",
+        "free_requested": "free_requested",
+        "free_post": "free_completed",
+    }
+    _, events = exported(path, tmp)
+    return [(kinds[e["type"]], repr(Bytes(e["bytes"]))) for e in events if e["type"] in kinds]
+
+
+def train_mlp() -> tuple:
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     opt = torch.optim.AdamW(model.parameters())
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
@@ -75,9 +128,10 @@ def train_mlp() -> None:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+    return model, opt
 
 
-def train_cnn_transformer() -> None:
+def train_cnn_transformer() -> tuple:
     conv = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4)
     )
@@ -93,10 +147,12 @@ def train_cnn_transformer() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
+    return conv, layer, head, opt
 
 
-@pytest.fixture(scope="module", params=[train_mlp, train_cnn_transformer], ids=["mlp", "cnn"])
-def profiled(request):
+def snapshot_of(train) -> dict:
+    """PyTorch's snapshot of a CPU profile of `train`. The model and its optimizer outlive the
+    profile, so that their blocks are live at the end, in `segments`."""
     from torch.cuda._memory_viz import _profile_to_snapshot
     from torch.profiler import ProfilerActivity, profile
 
@@ -106,13 +162,32 @@ def profiled(request):
         with_stack=True,
         record_shapes=True,
     ) as prof:
-        request.param()
-    return prof, _profile_to_snapshot(prof)
+        kept = train()
+    snap = _profile_to_snapshot(prof)
+    del kept
+    # `_profile_to_snapshot` leaves out a segment's `allocated_size` (its active blocks'
+    # bytes), which `_memory_viz.trace` reads; poolsight does not.
+    for seg in snap["segments"]:
+        seg["allocated_size"] = sum(
+            b["size"] for b in seg["blocks"] if b["state"] == "active_allocated"
+        )
+    return snap
+
+
+@pytest.fixture(scope="module")
+def snapshots() -> dict:
+    return {"mlp": snapshot_of(train_mlp), "cnn": snapshot_of(train_cnn_transformer)}
+
+
+@pytest.fixture(params=["mlp", "cnn"])
+def profiled(request, snapshots) -> dict:
+    return snapshots[request.param]
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
 def test_profile_snapshots_agree_with_pytorch(profiled, protocol, tmp_path):
-    _, snap = profiled
+    snap = profiled
+    assert live_by_stack(snap), "blocks live at the end"
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(snap, protocol=protocol))
     got = info(path)
@@ -126,8 +201,57 @@ def test_profile_snapshots_agree_with_pytorch(profiled, protocol, tmp_path):
     assert live_at_end_by_stack(path, tmp_path) == theirs
 
 
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_segsum_segments_and_trace_agree_with_pytorch(profiled, protocol, tmp_path):
+    from torch.cuda._memory_viz import Bytes
+
+    snap = profiled
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=protocol))
+    got = info(path)
+    pool = got["pool"]
+    # segsum's totals: reserved is every segment's bytes, which poolsight holds from the
+    # device at the end; allocated the active blocks' requested bytes, which are live at the
+    # end; free the difference (poolsight has no split of it into rounding and gaps).
+    totals = segsum_totals(snap)
+    assert totals["total_reserved"] == repr(Bytes(pool["acquired_at_end_bytes"]))
+    assert totals["total_allocated"] == repr(Bytes(pool["used_at_end_bytes"]))
+    free = pool["acquired_at_end_bytes"] - pool["used_at_end_bytes"]
+    assert totals["total_free"].split(" (")[0] == repr(Bytes(free))
+    # segments: the bytes live at the end by segment and stack, byte for byte.
+    blocks = live_blocks(path, tmp_path)
+    assert by_segment(blocks, snap) == live_by_segment_and_stack(snap)
+    # trace: the entries it counts, and each allocation, free request and completed free it
+    # lists, in order and with its size, are poolsight's; what poolsight has before them are
+    # the blocks allocated before the trace (live from the start).
+    [(entries, listed)] = trace_entries(snap).values()
+    assert entries == got["imported_from"]["entries"]
+    ours = entries_written(path, tmp_path)
+    assert ours[len(ours) - len(listed) :] == listed
+    assert {action for action, _ in ours[: len(ours) - len(listed)]} <= {"alloc"}
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_compare_agrees_with_pytorch(snapshots, protocol, tmp_path):
+    # The two models' snapshots: each segment is in one only (compare keys a segment by
+    # address and size), so compare lists all their active blocks, before's and after's.
+    before, after = snapshots["mlp"], snapshots["cnn"]
+    ours = {}
+    for side, snap, other in (("only_before", before, after), ("only_after", after, before)):
+        path = tmp_path / f"{side}.pickle"
+        path.write_bytes(pickle.dumps(snap, protocol=protocol))
+        (tmp_path / side).mkdir()
+        theirs = {(s["address"], s["total_size"]) for s in other["segments"]}
+        for (seg, frames), size in by_segment(live_blocks(path, tmp_path / side), snap).items():
+            total = next(s["total_size"] for s in snap["segments"] if s["address"] == seg)
+            if (seg, total) not in theirs:
+                ours[(side, seg, frames)] = size
+    assert ours
+    assert ours == compared(before, after)
+
+
 def test_converted_once_reads_the_same(profiled, tmp_path):
-    _, snap = profiled
+    snap = profiled
     path = tmp_path / "snapshot_3.pickle"
     pickle.dump(snap, path.open("wb"))
     out = tmp_path / "run.pstrace"

@@ -92,16 +92,18 @@ fn run_of(t: &Trace) -> (&[String], Option<u32>) {
 }
 
 /// Whether two headers are of one recording (the same file, or a copy of it): same process,
-/// host and start.
+/// host, start and rank. The rank counts because one process writes several ranks when it
+/// converts PyTorch files (`poolsight import a.pickle b.pickle`), and two snapshots written in
+/// the same instant, of the same length, convert to the same start.
 pub fn same_recording(a: &Header, b: &Header) -> bool {
-    // An imported trace is its source file: one process may convert several in one instant.
+    // An imported trace is also its source file: one process may convert several at once.
     let source = |h: &Header| {
         h.import
             .as_ref()
             .map(|i| (i.path.clone(), i.bytes, i.entries))
     };
-    (a.pid, &a.host, a.unix_ns, a.ticks0, source(a))
-        == (b.pid, &b.host, b.unix_ns, b.ticks0, source(b))
+    (a.pid, &a.host, a.unix_ns, a.ticks0, a.rank, source(a))
+        == (b.pid, &b.host, b.unix_ns, b.ticks0, b.rank, source(b))
 }
 
 fn check_duplicates(traces: &[Trace]) -> Result<(), LoadError> {
@@ -268,5 +270,40 @@ pub fn views(profiles: Vec<Profile>, per_rank: bool) -> Vec<View> {
             heading: String::new(),
             profile: Profile::merge(profiles),
         }]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(rank: Option<u32>) -> Header {
+        Header {
+            format_major: 1,
+            format_minor: 5,
+            writer: String::new(),
+            ticks0: 7,
+            mono_ns: 0,
+            unix_ns: 1_700_000_000_000_000_000,
+            ticks_per_ns: 1.0,
+            pid: 42,
+            host: "vm".into(),
+            command_line: Vec::new(),
+            rank,
+            world_size: Some(2),
+            ring: None,
+            chunk_size: 65536,
+            cpu_source: poolsight_schema::fb::CpuSource::None,
+            devices: Vec::new(),
+            packed: false,
+            import: None,
+        }
+    }
+
+    #[test]
+    fn one_process_two_ranks_are_two_recordings() {
+        assert!(same_recording(&header(Some(0)), &header(Some(0))));
+        assert!(!same_recording(&header(Some(0)), &header(Some(1))));
+        assert!(same_recording(&header(None), &header(None)));
     }
 }

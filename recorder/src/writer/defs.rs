@@ -152,6 +152,27 @@ impl Shared {
         self.with_interner(|i| i.stack(parent, frame))
     }
 
+    /// Interns `frames`, then each stack of indices into them (outermost first), as one
+    /// definitions chunk; returns each stack's innermost id.
+    pub(crate) fn intern_stacks<S: AsRef<[u32]>>(
+        &self,
+        frames: &[Frame],
+        stacks: &[S],
+    ) -> Vec<u32> {
+        self.with_interner(|i| {
+            let ids: Vec<u32> = frames.iter().map(|f| i.frame(f)).collect();
+            stacks
+                .iter()
+                .map(|s| {
+                    s.as_ref()
+                        .iter()
+                        .filter_map(|&f| ids.get(f as usize))
+                        .fold(0, |parent, &f| i.stack(parent, f))
+                })
+                .collect()
+        })
+    }
+
     /// Interns a whole stack, outermost frame first; returns the innermost stack id.
     pub(crate) fn intern_frames(&self, frames: &[Frame]) -> u32 {
         self.with_interner(|i| {

@@ -410,6 +410,14 @@ impl Handle {
         self.shared.intern_frames(frames)
     }
 
+    /// Interns many stacks at once, written as one definitions chunk: `frames` are distinct
+    /// frames, and each stack lists indices into them, outermost first (a converter that
+    /// meets each frame in many stacks). Returns each stack's id, as
+    /// [`Handle::intern_frames`] would.
+    pub fn intern_stacks<S: AsRef<[u32]>>(&self, frames: &[Frame], stacks: &[S]) -> Vec<u32> {
+        self.shared.intern_stacks(frames, stacks)
+    }
+
     pub fn define_device(&self, device: DeviceInfo) {
         self.shared.define_device(device)
     }
