@@ -232,10 +232,17 @@ fn hostile_pickles_are_refused_without_running() {
 }
 
 /// Cut at every byte, and each bit of each byte flipped: one line and exit 2, or a result.
-/// Through the library (the CLI's conversion): a panic fails the test.
+/// Through the library (the CLI's conversion): a panic fails the test. Both fixtures: one
+/// pickled with protocol 2, one with protocol 4 (memo entries by `MEMOIZE`, frames framed),
+/// so that the reader's fast path for small dicts meets every damage too.
 #[test]
 fn truncated_and_flipped_snapshots_never_panic() {
-    let bytes = std::fs::read(fixture("snapshot_small.pickle")).unwrap();
+    for name in ["snapshot_small.pickle", "snapshot_grown.pickle"] {
+        cut_and_flipped(&std::fs::read(fixture(name)).unwrap());
+    }
+}
+
+fn cut_and_flipped(bytes: &[u8]) {
     let dir = scratch::dir();
     let input = dir.join("in.pickle");
     let opts = poolsight::import::Options {
@@ -253,7 +260,7 @@ fn truncated_and_flipped_snapshots_never_panic() {
     assert_eq!(refused, bytes.len());
     // Each bit of each byte flipped: the reader and the conversion in memory (where a panic
     // would be), and every 97th through the whole conversion, writing its trace.
-    let mut flipped = bytes.clone();
+    let mut flipped = bytes.to_vec();
     for i in 0..bytes.len() {
         for bit in 0..8 {
             flipped[i] ^= 1 << bit;
