@@ -3,7 +3,7 @@
 side by side with `report`; and a 64-rank synthetic job exported and queried in DuckDB.
 
     cargo build --release
-    cargo bench --bench analyze -- --events 10M        # writes $TMPDIR/poolsight-bench-10000000.pstrace
+    cargo bench --bench analyze -- --events 10M  # writes $TMPDIR/poolsight-bench-10000000.pstrace
     python3 scripts/parquet_bench.py --trace /tmp/poolsight-bench-10000000.pstrace
     python3 scripts/parquet_bench.py --fleet 64        # needs the poolsight package and duckdb
 
@@ -54,7 +54,8 @@ def large_trace(exe: str, trace: Path, runs: int) -> None:
         while f.read(1 << 22):
             pass
     print(
-        f"trace {trace}: {events / 1e6:.1f} M events, {size / 1e9:.2f} GB, {size / events:.1f} B/event"
+        f"trace {trace}: {events / 1e6:.1f} M events, {size / 1e9:.2f} GB, "
+        f"{size / events:.1f} B/event"
     )
     report = min(timed([exe, "report", trace]) for _ in range(runs))
     out = Path(tempfile.mkdtemp(prefix="poolsight-parquet-"))
@@ -205,28 +206,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--poolsight", default=str(ROOT / "target" / "release" / "poolsight")
-    )
-    ap.add_argument(
-        "--trace", type=Path, help="a large trace (the analyzer benchmark's)"
-    )
+    ap.add_argument("--poolsight", default=str(ROOT / "target" / "release" / "poolsight"))
+    ap.add_argument("--trace", type=Path, help="a large trace (the analyzer benchmark's)")
     ap.add_argument(
         "--fleet",
         type=int,
         metavar="RANKS",
         help="record, export and query a job of RANKS traces",
     )
-    ap.add_argument(
-        "--steps", type=int, default=100, help="fleet: steps per epoch per rank"
-    )
+    ap.add_argument("--steps", type=int, default=100, help="fleet: steps per epoch per rank")
     ap.add_argument("--runs", type=int, default=3)
     a = ap.parse_args()
     if not a.trace and not a.fleet:
         ap.error("give --trace and/or --fleet")
-    print(
-        f"poolsight {a.poolsight}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
-    )
+    print(f"poolsight {a.poolsight}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     if a.trace:
         large_trace(a.poolsight, a.trace, a.runs)
     if a.fleet:

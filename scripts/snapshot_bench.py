@@ -2,8 +2,8 @@
 
 Writes a snapshot in the layout of ``torch.cuda.memory._snapshot()`` (``--entries`` trace
 entries with ``--depth`` frames each, a few thousand distinct tracebacks, each entry with
-frame dicts of its own as in PyTorch's snapshots; blocks live at the end in ``segments``), pickled as
-``_dump_snapshot`` does, then times, on the same file:
+frame dicts of its own as in PyTorch's snapshots; blocks live at the end in ``segments``),
+pickled as ``_dump_snapshot`` does, then times, on the same file:
 
 - poolsight: ``import`` (MB/s of pickle, peak memory), ``report`` on the snapshot and on the
   converted trace;
@@ -50,8 +50,14 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
     base = 0x7F0000000000
     trace, live, t = [], {}, 1_700_000_000_000_000
     trace.append(
-        {"action": "segment_alloc", "addr": base, "size": 1 << 34, "stream": 0, "time_us": t,
-         "frames": frames()}
+        {
+            "action": "segment_alloc",
+            "addr": base,
+            "size": 1 << 34,
+            "stream": 0,
+            "time_us": t,
+            "frames": frames(),
+        }
     )
     next_addr = base
     while len(trace) < entries:
@@ -61,8 +67,14 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
             size = live.pop(addr)
             for action in ("free_requested", "free_completed"):
                 trace.append(
-                    {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
-                     "frames": frames()}
+                    {
+                        "action": action,
+                        "addr": addr,
+                        "size": size,
+                        "stream": 0,
+                        "time_us": t,
+                        "frames": frames(),
+                    }
                 )
         else:
             size = 512 * rng.randrange(1, 4096)
@@ -70,26 +82,62 @@ def make_snapshot(entries: int, depth: int, stacks: int, seed: int = 0) -> dict:
             next_addr += size
             live[addr] = size
             trace.append(
-                {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": t,
-                 "frames": frames()}
+                {
+                    "action": "alloc",
+                    "addr": addr,
+                    "size": size,
+                    "stream": 0,
+                    "time_us": t,
+                    "frames": frames(),
+                }
             )
     total = next_addr - base
     trace[0]["size"] = total
     blocks, addr = [], base
     for a in sorted(live):
         if a > addr:
-            blocks.append({"address": addr, "size": a - addr, "requested_size": 0,
-                           "state": "inactive", "frames": []})
-        blocks.append({"address": a, "size": live[a], "requested_size": live[a],
-                       "state": "active_allocated", "frames": frames()})
+            blocks.append(
+                {
+                    "address": addr,
+                    "size": a - addr,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                }
+            )
+        blocks.append(
+            {
+                "address": a,
+                "size": live[a],
+                "requested_size": live[a],
+                "state": "active_allocated",
+                "frames": frames(),
+            }
+        )
         addr = a + live[a]
     if base + total > addr:
-        blocks.append({"address": addr, "size": base + total - addr, "requested_size": 0,
-                       "state": "inactive", "frames": []})
-    seg = {"device": 0, "address": base, "total_size": total, "stream": 0,
-           "segment_type": "large", "allocated_size": 0, "active_size": 0,
-           "requested_size": 0, "segment_pool_id": (0, 0), "is_expandable": False,
-           "blocks": blocks}
+        blocks.append(
+            {
+                "address": addr,
+                "size": base + total - addr,
+                "requested_size": 0,
+                "state": "inactive",
+                "frames": [],
+            }
+        )
+    seg = {
+        "device": 0,
+        "address": base,
+        "total_size": total,
+        "stream": 0,
+        "segment_type": "large",
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "blocks": blocks,
+    }
     return {"segments": [seg], "device_traces": [trace], "allocator_settings": {}}
 
 
@@ -102,8 +150,9 @@ def timed(cmd: list[str]) -> tuple[float, int]:
         "subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL)\n"
         "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script, *cmd], check=True, capture_output=True,
-                         text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script, *cmd], check=True, capture_output=True, text=True
+    ).stdout.split()
     return float(out[-2]), int(out[-1]) * 1024
 
 
@@ -116,8 +165,9 @@ def python_timed(code: str, path: str) -> tuple[float, int]:
         f"{code}\n"
         "print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
-                         text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True
+    ).stdout.split()
     return float(out[-2]), int(out[-1]) * 1024
 
 
@@ -161,15 +211,21 @@ def main() -> None:
             for name, rs in runs.items()
         }
         mb = size / 1e6
-        print(f"snapshot: {args.entries} entries, {args.depth} frames each, "
-              f"{args.stacks} distinct stacks, {mb:.1f} MB pickle")
+        print(
+            f"snapshot: {args.entries} entries, {args.depth} frames each, "
+            f"{args.stacks} distinct stacks, {mb:.1f} MB pickle"
+        )
         print(f"{'what':<38}{'seconds':>9}{'MB/s':>9}{'peak RSS':>11}{'x pickle':>10}")
         for name, (sec, rss) in rows.items():
             print(f"{name:<38}{sec:>9.3f}{mb / sec:>9.1f}{rss / 1e6:>9.1f}MB{rss / size:>10.2f}")
-        ratio = rows["poolsight report (snapshot)"][0] / rows["poolsight report (converted trace)"][0]
+        ratio = (
+            rows["poolsight report (snapshot)"][0] / rows["poolsight report (converted trace)"][0]
+        )
         print(f"report on the snapshot / on the converted trace: {ratio:.2f}x")
-        print(f"medians of {args.repeats} runs; load average {load_before[0]:.2f} before, "
-              f"{load_after[0]:.2f} after")
+        print(
+            f"medians of {args.repeats} runs; load average {load_before[0]:.2f} before, "
+            f"{load_after[0]:.2f} after"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -102,16 +102,31 @@ def cuda_like(snap: dict) -> dict:
         if e["action"] == "alloc":
             new, rounded, seg = heap.place(e["size"])
             if seg is not None:
-                trace.append({"action": "segment_alloc", "addr": seg["address"],
-                              "size": seg["total_size"], "stream": 0, "time_us": t,
-                              "frames": e["frames"]})
+                trace.append(
+                    {
+                        "action": "segment_alloc",
+                        "addr": seg["address"],
+                        "size": seg["total_size"],
+                        "stream": 0,
+                        "time_us": t,
+                        "frames": e["frames"],
+                    }
+                )
             where[e["addr"]] = (new, rounded, e["size"], e["frames"], e.get("category"))
             trace.append(dict(e, addr=new, size=rounded, time_us=t))
         elif e["action"] == "free_completed" and e["addr"] in where:
             new, rounded, _, frames, _ = where.pop(e["addr"])
             for action in ("free_requested", "free_completed"):
-                trace.append({"action": action, "addr": new, "size": rounded, "stream": 0,
-                              "time_us": t, "frames": e["frames"]})
+                trace.append(
+                    {
+                        "action": action,
+                        "addr": new,
+                        "size": rounded,
+                        "stream": 0,
+                        "time_us": t,
+                        "frames": e["frames"],
+                    }
+                )
             heap.free[rounded].append(new)
     segments = []
     by_addr = sorted(where.values())
@@ -121,18 +136,36 @@ def cuda_like(snap: dict) -> dict:
         for new, rounded, size, frames, _ in by_addr:
             if start <= new < end:
                 if new > at:
-                    blocks.append({"size": new - at, "requested_size": 0, "state": "inactive",
-                                   "frames": []})
-                blocks.append({"size": rounded, "requested_size": size,
-                               "state": "active_allocated", "frames": frames})
+                    blocks.append(
+                        {"size": new - at, "requested_size": 0, "state": "inactive", "frames": []}
+                    )
+                blocks.append(
+                    {
+                        "size": rounded,
+                        "requested_size": size,
+                        "state": "active_allocated",
+                        "frames": frames,
+                    }
+                )
                 at = new + rounded
         if at < end:
-            blocks.append({"size": end - at, "requested_size": 0, "state": "inactive",
-                           "frames": []})
-        segments.append({"device": 0, "address": start, "total_size": seg["total_size"],
-                         "stream": 0, "segment_type": "large", "allocated_size": 0,
-                         "active_size": 0, "requested_size": 0, "is_expandable": False,
-                         "blocks": blocks})
+            blocks.append(
+                {"size": end - at, "requested_size": 0, "state": "inactive", "frames": []}
+            )
+        segments.append(
+            {
+                "device": 0,
+                "address": start,
+                "total_size": seg["total_size"],
+                "stream": 0,
+                "segment_type": "large",
+                "allocated_size": 0,
+                "active_size": 0,
+                "requested_size": 0,
+                "is_expandable": False,
+                "blocks": blocks,
+            }
+        )
     return {"segments": segments, "device_traces": [trace]}
 
 
