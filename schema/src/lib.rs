@@ -213,6 +213,43 @@ pub fn finish_chunk(
     bytes
 }
 
+/// What a converted trace's `Header.import` says (format 1.5), as the recorder writes it and a
+/// packer copies it.
+pub struct ImportFields<'a> {
+    pub kind: &'a str,
+    pub path: &'a str,
+    pub bytes: u64,
+    pub entries: u64,
+    pub overflowed: bool,
+    pub unmapped: &'a [String],
+}
+
+/// Builds `Header.import` from `fields`.
+pub fn build_import<'a>(
+    fbb: &mut flatbuffers::FlatBufferBuilder<'a>,
+    fields: &ImportFields,
+) -> flatbuffers::WIPOffset<fb::Import<'a>> {
+    let kind = fbb.create_string(fields.kind);
+    let path = fbb.create_string(fields.path);
+    let unmapped: Vec<_> = fields
+        .unmapped
+        .iter()
+        .map(|u| fbb.create_string(u))
+        .collect();
+    let unmapped = fbb.create_vector(&unmapped);
+    fb::Import::create(
+        fbb,
+        &fb::ImportArgs {
+            kind: Some(kind),
+            path: Some(path),
+            bytes: fields.bytes,
+            entries: fields.entries,
+            overflowed: fields.overflowed,
+            unmapped: Some(unmapped),
+        },
+    )
+}
+
 /// Where a chunk's checksum starts, by format minor: 1.1 and later cover the 4-byte size
 /// prefix too, so a damaged size of a sealed chunk is caught; 1.0 starts after it.
 pub const fn crc_covers_size_prefix(minor: u16) -> bool {

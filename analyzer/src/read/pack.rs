@@ -424,19 +424,15 @@ fn build_header(trace: &Trace) -> Vec<u8> {
         .collect();
     let devices = fbb.create_vector(&devices);
     let import = h.import.as_ref().map(|i| {
-        let kind = fbb.create_string(&i.kind);
-        let path = fbb.create_string(&i.path);
-        let unmapped: Vec<_> = i.unmapped.iter().map(|u| fbb.create_string(u)).collect();
-        let unmapped = fbb.create_vector(&unmapped);
-        fb::Import::create(
+        poolsight_schema::build_import(
             &mut fbb,
-            &fb::ImportArgs {
-                kind: Some(kind),
-                path: Some(path),
+            &poolsight_schema::ImportFields {
+                kind: &i.kind,
+                path: &i.path,
                 bytes: i.bytes,
                 entries: i.entries,
                 overflowed: i.overflowed,
-                unmapped: Some(unmapped),
+                unmapped: &i.unmapped,
             },
         )
     });

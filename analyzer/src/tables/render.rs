@@ -85,6 +85,12 @@ pub fn seconds_or_ms(ns: u64) -> String {
 
 /// Chainer's table layout: every column right-aligned to its widest entry, two spaces between.
 pub fn right_aligned(rows: &[Vec<String>]) -> String {
+    aligned(rows, false)
+}
+
+/// Columns two spaces apart, each as wide as its widest entry, right-aligned; with
+/// `first_left` the first (names, indented) left-aligned, and no row ends in spaces.
+pub fn aligned(rows: &[Vec<String>], first_left: bool) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -100,9 +106,17 @@ pub fn right_aligned(rows: &[Vec<String>]) -> String {
         let cells: Vec<String> = r
             .iter()
             .zip(&widths)
-            .map(|(s, w)| format!("{s:>w$}"))
+            .enumerate()
+            .map(|(i, (s, w))| {
+                if first_left && i == 0 {
+                    format!("{s:<w$}")
+                } else {
+                    format!("{s:>w$}")
+                }
+            })
             .collect();
-        let _ = writeln!(out, "{}", cells.join("  "));
+        let line = cells.join("  ");
+        let _ = writeln!(out, "{}", if first_left { line.trim_end() } else { &line });
     }
     out
 }
