@@ -13,7 +13,13 @@ it stops: those costs are once per run, printed on their own):
   tracker), the step inside it;
 - ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``;
 - ``empty mode``: a ``TorchDispatchMode`` that only calls each operator: the floor of any
-  per-operator observer written in Python, ``track()`` and ``hook()`` included.
+  per-operator observer written in Python;
+- ``empty bound``: the same with its ``__torch_dispatch__`` set on the instance, as poolsight's
+  (native) one is: PyTorch then finds it without making a bound method per operator. The
+  floor of ``track()`` and ``hook()``.
+
+CPU time is the process's (every thread); ``thread s`` is the training thread's alone (the rest
+is the recorder's background thread, which faults the trace's pages in ahead of the writers).
 
     python python/benchmarks/torch_overhead.py [--repeats 7] [--steps 12] [--profile]
 
@@ -30,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 
 import torch
 from torch import nn
@@ -133,9 +140,23 @@ def variants(tmp: str):
         with Empty():
             yield
 
+    def call(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+    class Bound(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.__torch_dispatch__ = types.MethodType(call, self)
+
+    @contextlib.contextmanager
+    def empty_bound(model, optimizer):
+        with Bound():
+            yield
+
     return {
         "plain": lambda m, o: contextlib.nullcontext(),
         "empty mode": empty_mode,
+        "empty bound": empty_bound,
         "track": lambda m, o: recorded(m, o, True, False),
         "hook": lambda m, o: recorded(m, o, False, True),
         "track+hook": lambda m, o: recorded(m, o, True, True),
@@ -144,21 +165,21 @@ def variants(tmp: str):
     }
 
 
-def run_once(ctx_of, steps: int) -> tuple[float, float, float]:
-    """One epoch under a variant: its CPU and wall time, and the CPU time of entering and
-    leaving the variant (opening and finishing the recording, installing hooks; once per run,
-    not per epoch)."""
+def run_once(ctx_of, steps: int) -> tuple[float, float, float, float]:
+    """One epoch under a variant: its CPU (process, then training thread) and wall time, and
+    the CPU time of entering and leaving the variant (opening and finishing the recording,
+    installing hooks; once per run, not per epoch)."""
     model, optimizer, images, labels = make()
     # Warm-up step outside the measurement (first-call costs of every op and of AdamW's state).
     epoch(model, optimizer, images, labels, 1)
     s0 = time.process_time()
     ctx = ctx_of(model, optimizer)
     after_step = ctx.__enter__()
-    c0, w0 = time.process_time(), time.perf_counter()
+    c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
     epoch(model, optimizer, images, labels, steps, after_step=after_step)
-    c1, w1 = time.process_time(), time.perf_counter()
+    c1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
     ctx.__exit__(None, None, None)
-    return c1 - c0, w1 - w0, (c0 - s0) + (time.process_time() - c1)
+    return c1 - c0, t1 - t0, w1 - w0, (c0 - s0) + (time.process_time() - c1)
 
 
 def main() -> None:
@@ -176,6 +197,7 @@ def main() -> None:
         if "plain" not in names:
             names.insert(0, "plain")
         cpu: dict[str, list[float]] = {n: [] for n in names}
+        thread: dict[str, list[float]] = {n: [] for n in names}
         wall: dict[str, list[float]] = {n: [] for n in names}
         once: dict[str, list[float]] = {n: [] for n in names}
         for n in names:
@@ -186,8 +208,9 @@ def main() -> None:
             # Alternate the order so that drift in the machine's load spreads over all.
             order = names if r % 2 == 0 else list(reversed(names))
             for n in order:
-                c, w, o = run_once(table[n], args.steps)
+                c, t, w, o = run_once(table[n], args.steps)
                 cpu[n].append(c)
+                thread[n].append(t)
                 wall[n].append(w)
                 once[n].append(o)
         base = statistics.median(cpu["plain"])
@@ -196,10 +219,13 @@ def main() -> None:
             f"medians of {args.repeats} alternated repeats, 1 intra-op thread, "
             f"load average {os.getloadavg()[0]:.2f}"
         )
-        print(f"{'variant':<12} {'CPU s':>8} {'wall s':>8} {'x plain (CPU)':>14} {'once s':>8}")
+        print(
+            f"{'variant':<12} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
+            f"{'x plain (CPU)':>14} {'once s':>8}"
+        )
         for n in names:
-            c, w, o = (statistics.median(v[n]) for v in (cpu, wall, once))
-            print(f"{n:<12} {c:>8.3f} {w:>8.3f} {c / base:>14.2f} {o:>8.3f}")
+            c, t, w, o = (statistics.median(v[n]) for v in (cpu, thread, wall, once))
+            print(f"{n:<12} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} {o:>8.3f}")
         print("once: CPU time to begin and end the variant (recording, hooks), once per run")
         if args.profile:
             import cProfile

@@ -19,6 +19,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -240,8 +241,6 @@ class _Sites:
 
 # The number autograd gives the next node this thread makes.
 _next_node = torch._C._autograd._get_sequence_nr
-# -1 outside backward.
-_graph_task = torch._C._current_graph_task_id
 
 
 def _module_name(module: torch.nn.Module, path: str) -> str:
@@ -258,17 +257,17 @@ class _Local(threading.local):
     def __init__(self) -> None:
         # The first autograd node number of each hooked module call open, innermost last.
         self.starts: list[int] = []
-        # Module forwards open on this thread (any module, hooked or not), and those run again
-        # inside backward (activation checkpointing's recomputation).
-        self.forward = 0
-        self.recompute = 0
 
 
 class _State:
     """What :func:`track` and :func:`hook` share for one recording, in either order and
     nesting: one pair of hooks per module (a module call is one link scope however many of
     them ask for it), one dispatch mode (operators are scoped and their outputs tracked in one
-    pass), one set of process-wide module and optimizer hooks, and where calls come from."""
+    pass), one set of process-wide module and optimizer hooks, and where calls come from.
+
+    What every operator reads is kept in the native ``hot`` (``_native.TorchState``), whose
+    ``dispatch`` is the mode's ``__torch_dispatch__``: the counts of users below, the flags of
+    where the step is, module forwards open per thread, and the storages ``track()`` saw."""
 
     def __init__(self, rec: Recording):
         self.rec = rec
@@ -281,18 +280,62 @@ class _State:
         self.hooked: set[int] = set()
         self.mode: _Mode | None = None
         self.mode_users = 0
-        self.ops = 0  # hook(functions=True) open
-        self.user_lines = 0  # users that want the user's line
         self.tracker: _Tracker | None = None
         self.globals: list = []
         self.global_users = 0
         # Hooked module calls by the autograd nodes they made (see _native.Spans).
         self.spans = _native.Spans()
-        self.backward_ran = False
         # id(token) of an open optimizer step -> (token, the user's frame that called it).
         self.steps: dict[int, tuple[Any, Any]] = {}
-        # A module's forward ran inside the open optimizer step (a closure, as Lightning's).
-        self.step_forward = False
+        self.hot = _native.TorchState(
+            self.native,
+            self,
+            self.calls,
+            self.spans,
+            torch._C,
+            torch.Tensor,
+            _op_info,
+            _tensors,
+            rec.stacks == "python",
+            rec.max_depth or 0,
+        )
+
+    # The counts and flags the native path reads.
+    @property
+    def ops(self) -> int:
+        """``hook(functions=True)`` users: operators get scopes."""
+        return self.hot.ops
+
+    @ops.setter
+    def ops(self, value: int) -> None:
+        self.hot.ops = value
+
+    @property
+    def user_lines(self) -> int:
+        """Users that want the user's line above modules and operators."""
+        return self.hot.user_lines
+
+    @user_lines.setter
+    def user_lines(self, value: int) -> None:
+        self.hot.user_lines = value
+
+    @property
+    def backward_ran(self) -> bool:
+        """A backward ran since the last forward pass began."""
+        return self.hot.backward_ran
+
+    @backward_ran.setter
+    def backward_ran(self, value: bool) -> None:
+        self.hot.backward_ran = value
+
+    @property
+    def step_forward(self) -> bool:
+        """A module's forward ran inside the open optimizer step (a closure, as Lightning's)."""
+        return self.hot.step_forward
+
+    @step_forward.setter
+    def step_forward(self, value: bool) -> None:
+        self.hot.step_forward = value
 
     @staticmethod
     def of(rec: Recording) -> _State:
@@ -387,13 +430,9 @@ class _State:
         stack = self.sites.stack(base, frame, skip)
         return parent if stack == base else stack
 
-    def backward_parent(self) -> int | None:
-        """The stack of the module call whose forward made the autograd node running now."""
-        self.backward_ran = True
-        node = torch._C._current_autograd_node()
-        if node is None:
-            return None
-        return self.spans.find(node._sequence_nr())
+    def user_parent_here(self, parent: int) -> int:
+        """``user_parent`` of the call being made now (the native path asks)."""
+        return self.user_parent(sys._getframe(1), parent)
 
     # -- the dispatch mode ------------------------------------------------------------------------
 
@@ -423,24 +462,18 @@ class _State:
             from torch.nn.modules import module as nn_module
             from torch.optim import optimizer as optim
 
-            local, state = self.local, self
+            state = self
+            begins, ends = self.hot.forward_begins, self.hot.forward_ends
 
             def forward_pre(module: Any, inputs: Any) -> None:
-                if _in_backward():
-                    local.recompute += 1
-                else:
-                    local.forward += 1
-                    if state.steps:
-                        state.step_forward = True
+                # A forward (or a recomputation inside backward) on this thread.
+                begins()
                 tracker = state.tracker
                 if tracker is not None:
                     tracker.saw_module(module)
 
             def forward_post(module: Any, inputs: Any, outputs: Any) -> None:
-                if _in_backward():
-                    local.recompute = max(0, local.recompute - 1)
-                else:
-                    local.forward = max(0, local.forward - 1)
+                ends()
 
             def step_pre(opt: Any, args: Any, kwargs: Any) -> None:
                 state.optimizer_begins(opt, sys._getframe(1))
@@ -482,6 +515,7 @@ class _State:
         calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
         token = calls.calls[-1][1]
         self.steps[id(token)] = (token, self.sites.user_frame(frame))
+        self.hot.steps_open = True
         tracker = self.tracker
         if tracker is not None:
             tracker.optimizer_begins(opt)
@@ -493,6 +527,7 @@ class _State:
         calls = self.calls.calls
         if calls:
             self.steps.pop(id(calls[-1][1]), None)
+        self.hot.steps_open = bool(self.steps)
         self.calls.exit(self.native, frame)
 
 
@@ -504,71 +539,29 @@ def _tensors(out: Any) -> list:
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-class _OpInfo:
-    __slots__ = ("name", "view", "scoped")
-
-    def __init__(self, func: Any):
-        schema = getattr(func, "_schema", None)
-        # "aten::addmm": the operator as the profiler and error messages name it.
-        self.name = schema.name if schema is not None else str(func)
-        # An operator whose outputs alias its inputs (a view) makes no storage: an output's
-        # storage not seen before existed before tracking began (a dataset tensor, sliced).
-        self.view = schema is not None and any(r.alias_info is not None for r in schema.returns)
-        # The profiler's own operators (record_function's enter/exit) are not the program's.
-        self.scoped = not self.name.startswith("profiler::")
-
-
-_OPS: dict[Any, _OpInfo] = {}
+def _op_info(func: Any) -> tuple[str, bool, bool]:
+    """What the native path needs of an operator, once: its name (``aten::addmm``, as the
+    profiler and error messages name it); whether its outputs alias its inputs (a view makes no
+    storage: an output's storage not seen before existed before tracking began, a dataset
+    tensor sliced); whether it gets a scope (the profiler's own operators, record_function's
+    enter and exit, are not the program's)."""
+    schema = getattr(func, "_schema", None)
+    name = schema.name if schema is not None else str(func)
+    view = schema is not None and any(r.alias_info is not None for r in schema.returns)
+    return name, view, not name.startswith("profiler::")
 
 
 class _Mode(TorchDispatchMode):
     """A recording's one dispatch mode: every ATen operator as a function scope, forward or
-    backward (with :func:`hook`), and the storages of its outputs (with :func:`track`)."""
+    backward (with :func:`hook`), and the storages of its outputs (with :func:`track`). Its
+    ``__torch_dispatch__`` is native (``_native.TorchState.dispatch``): every operator comes
+    through it."""
 
     def __init__(self, state: _State):
         super().__init__()
         self._state = state
-        self._native = state.native
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # The hot path of recording: every operator comes here. Keep it lean.
-        info = _OPS.get(func)
-        if info is None:
-            info = _OPS[func] = _OpInfo(func)
-        state = self._state
-        tracker = state.tracker
-        if not (state.ops and info.scoped):
-            out = func(*args, **(kwargs or {}))
-            if tracker is not None:
-                tracker.outputs(out, info.view, None, None)
-            return out
-        native = self._native
-        if _graph_task() != -1:
-            phase = _PHASE_BACKWARD
-            # Activation checkpointing's recomputation: under the modules running again.
-            parent = None if state.local.recompute else state.backward_parent()
-            if parent is None:
-                # A node no module made (the loss's): under the line that called backward().
-                parent = state.user_parent(sys._getframe(1), native.scopes_stack())
-        else:
-            phase = _PHASE_FORWARD
-            if state.calls.calls and not (state.steps and state.step_forward):
-                # Inside a module call, or an optimizer's own step: under it.
-                parent = native.scopes_stack()
-            else:
-                parent = state.user_parent(sys._getframe(1), native.scopes_stack())
-        token = native.enter_under(parent, _KIND_FUNCTION, info.name, phase, "", 0)
-        try:
-            out = func(*args, **(kwargs or {}))
-            # With track() on too, the outputs are recorded while the op's scope is open.
-            if tracker is not None:
-                tracker.outputs(out, info.view, token.stack, parent)
-        except BaseException:
-            # An op that raised is not a call of it (no row, no time).
-            native.abort(token)
-            raise
-        native.exit(token)
-        return out
+        # PyTorch calls the mode's bound method: the native one, bound to the mode.
+        self.__torch_dispatch__ = types.MethodType(state.hot.dispatch, self)
 
 
 @contextlib.contextmanager
@@ -628,27 +621,20 @@ class _Tracker:
     (activation when a module's forward runs again there, activation checkpointing's
     recomputation); after the step's first module forward, activation (the loss included);
     before it, input. Parameters, buffers, gradients and optimizer state are relabelled when
-    seen as such (a gradient is first a backward operator's output)."""
+    seen as such (a gradient is first a backward operator's output).
+
+    The storages, their categories and the step's state are kept natively (in the recording's
+    ``_native.TorchState``, with the operators' outputs); this class says what the hooks saw."""
 
     def __init__(self, state: _State, model: torch.nn.Module | None, optimizers: list):
         self._state = state
-        self._native = state.native
-        self._rec = state.rec
-        self._local = state.local
-        # Storage (its C++ address, unique while it lives) -> [category, bytes, address,
-        # device, stack to relabel under, the weakref that reports its free].
-        self._seen: dict[int, list] = {}
+        self._hot = state.hot
         # id(module) -> a weakref to it: the modules whose parameters are known.
         self._modules_seen: dict[int, Any] = {}
-        self._devices: dict[Any, int] = {}
-        self._in_optimizer = 0
-        # The step so far: a module forward ran (activations from then on), a backward ran
-        # (the next storage outside backward begins a new step).
-        self._forward_seen = False
-        self._backward_seen = False
         self._handles: list = []
-        #: Storages recorded so far.
-        self.recorded = 0
+        self._first = self._hot.recorded
+        self._last: int | None = None
+        self._hot.tracker_begins()
         try:
             if model is not None:
                 for module in model.modules():
@@ -656,37 +642,15 @@ class _Tracker:
             for opt in optimizers:
                 self._optimizer_tensors(opt)
         except BaseException:
+            self._hot.tracker_ends()
             self.remove()
             raise
 
-    # Devices are numbered in the trace as they are first seen.
-    def _device(self, t: torch.Tensor) -> int:
-        index = t.get_device()  # -1 for CPU memory
-        dev = self._devices.get(index)
-        if dev is None:
-            device = t.device
-            dev = len(self._devices)
-            self._devices[index] = dev
-            kind = _native.DEVICE_CPU if device.type == "cpu" else _native.DEVICE_GPU
-            self._native.define_device(dev, str(device), 0, 1, kind, True)
-        return dev
-
-    def _base(self) -> int:
-        """The stack an allocation made now hangs under (before its category)."""
-        state, native = self._state, self._native
-        if self._rec.stacks == "python":
-            return self._rec.stack(skip=3)
-        if torch._C._current_graph_task_id() != -1:
-            # Backward, without operator scopes (hook(functions=False)): under the module
-            # whose forward made the node.
-            if not state.ops:
-                parent = state.backward_parent()
-                if parent is not None:
-                    return parent
-            return native.scopes_stack()
-        if not state.ops:
-            return state.user_parent(sys._getframe(1), native.scopes_stack())
-        return native.scopes_stack()
+    @property
+    def recorded(self) -> int:
+        """Storages this ``track()`` recorded (so far, while it is open)."""
+        last = self._hot.recorded if self._last is None else self._last
+        return last - self._first
 
     def track_tensor(self, t: torch.Tensor, category: str, relabel: bool = False) -> None:
         """Records ``t``'s storage once, under ``category``. With ``relabel``, a storage seen
@@ -694,116 +658,13 @@ class _Tracker:
         same for gradients, which are first seen as the output of a backward op): in the trace
         the block is freed from its old category and allocated under the new one at the same
         instant, with the same stack, so live bytes never double."""
-        if category not in CATEGORIES:
-            raise ValueError(f"category must be one of {', '.join(CATEGORIES)}, not {category!r}")
-        self._track(t, category, relabel, None)
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"track_tensor() needs a torch.Tensor, not {type(t).__name__}")
+        self._hot.track(t, category, bool(relabel), 1)
 
-    def _track(
-        self,
-        t: torch.Tensor,
-        category: str,
-        relabel: bool,
-        base: int | None,
-        outer: int | None = None,
-    ) -> None:
-        if t.is_meta:
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = st._cdata
-        seen = self._seen.get(key)
-        if seen is None:
-            self._new(t, st, key, category, self._base() if base is None else base, outer)
-            return
-        if not relabel or seen[0] == category:
-            return
-        # Moved from its old category to this one at the same instant, same stack.
-        nbytes, ptr, dev, base = seen[1], seen[2], seen[3], seen[4]
-        native = self._native
-        native.freed(nbytes, ptr, dev)
-        native.observed_under(nbytes, ptr, base, category, dev)
-        seen[0] = category
-
-    def _new(
-        self, t: torch.Tensor, st: Any, key: int, category: str, base: int, outer: int | None
-    ) -> None:
-        """Records a storage not seen before (``st`` of ``t``, whose ``_cdata`` is ``key``)
-        under ``base`` and its category; ``outer`` is where a relabelling puts it."""
-        nbytes = st.nbytes()
-        ptr = st.data_ptr()
-        dev = self._device(t)
-        native = self._native
-        native.observed_under(nbytes, ptr, base, category, dev)
-        self.recorded += 1
-        seen_map = self._seen
-
-        def gone(_ref: Any, key: int = key) -> None:
-            entry = seen_map.pop(key, None)
-            if entry is not None:
-                native.freed(entry[1], entry[2], entry[3])
-
-        seen_map[key] = [
-            category,
-            nbytes,
-            ptr,
-            dev,
-            base if outer is None else outer,
-            weakref.ref(st, gone),
-        ]
-
-    def category(self, view: bool) -> str:
-        """What a storage an operator makes now is, from where in the step it happens."""
-        local = self._local
-        if _graph_task() != -1:
-            self._backward_seen = True
-            self._state.backward_ran = True
-            return "activation" if local.recompute else "temporary"
-        if self._in_optimizer:
-            # A closure (Lightning runs training_step inside optimizer.step): its forward and
-            # loss are activations, its backward above; what comes after is the update.
-            if local.forward or (self._forward_seen and not self._backward_seen):
-                self._forward_seen = True
-                return "activation"
-            # What the step keeps is relabelled when it ends; the rest was temporary.
-            return "temporary"
-        if self._backward_seen:
-            # The first storage after a backward: a new step (or micro-batch) begins.
-            self._backward_seen = False
-            self._forward_seen = local.forward > 0
-        if view:
-            # A view's storage not seen before existed before tracking began: data.
-            return "input"
-        if self._forward_seen or local.forward:
-            self._forward_seen = True
-            return "activation"
-        return "input"
-
-    def outputs(self, out: Any, view: bool, base: int | None, outer: int | None) -> None:
-        """Records the storages of an operator's outputs not seen before, under ``base`` (None:
-        where the program is). ``outer`` is the stack the operator's scope opened under (None:
-        no operator scope), where a storage relabelled later goes: a relabelling is not the
-        operator's allocation."""
-        if isinstance(out, torch.Tensor):
-            tensors: Any = (out,)
-        else:
-            tensors = _tensors(out)
-        seen = self._seen
-        category = None
-        for t in tensors:
-            try:
-                st = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
-                continue
-            key = st._cdata
-            if key in seen or t.is_meta:
-                continue
-            if category is None:
-                category = self.category(view)
-                if base is None:
-                    base = self._base()
-            self._new(t, st, key, category, base, outer)
+    def _track(self, t: torch.Tensor, category: str) -> None:
+        # Relabelled: a parameter, buffer, gradient or optimizer state seen as such.
+        self._hot.track(t, category, True, 2)
 
     # -- what the hooks tell ----------------------------------------------------------------------
 
@@ -815,44 +676,40 @@ class _Tracker:
         seen = self._modules_seen
         seen[key] = weakref.ref(module, lambda _r, key=key: seen.pop(key, None))
         for p in module.parameters(recurse=False):
-            self._track(p, "parameter", True, None)
+            self._track(p, "parameter")
             if p.grad is not None:
-                self._track(p.grad, "gradient", True, None)
+                self._track(p.grad, "gradient")
             if p.requires_grad:
                 self._handles.append(p.register_post_accumulate_grad_hook(self._gradient))
         for b in module.buffers(recurse=False):
-            self._track(b, "buffer", True, None)
-        # A module (and its parameters) first seen here: not a forward of this step's data.
+            self._track(b, "buffer")
 
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:
-            self._track(p.grad, "gradient", True, None)
+            self._track(p.grad, "gradient")
 
     def optimizer_begins(self, opt: Any) -> None:
-        self._in_optimizer += 1
-        if self._in_optimizer == 1:
-            self._forward_seen = False
-            self._backward_seen = False
+        self._hot.optimizer_begins()
         for group in opt.param_groups:
             for p in group["params"]:
-                self._track(p, "parameter", True, None)
+                self._track(p, "parameter")
                 if p.grad is not None:
-                    self._track(p.grad, "gradient", True, None)
+                    self._track(p.grad, "gradient")
 
     def optimizer_ends(self, opt: Any) -> None:
-        self._in_optimizer = max(0, self._in_optimizer - 1)
+        self._hot.optimizer_ends()
+        # What the step keeps is optimizer state; the rest it made was temporary.
         self._optimizer_tensors(opt)
-        # The step is over: what comes next belongs to the next one.
-        self._forward_seen = False
-        self._backward_seen = False
 
     def _optimizer_tensors(self, opt: Any) -> None:
         for state in opt.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
-                    self._track(v, "optimizer_state", True, None)
+                    self._track(v, "optimizer_state")
 
     def remove(self) -> None:
+        if self._last is None:
+            self._last = self._hot.recorded
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -923,6 +780,7 @@ def track(
     finally:
         state.user_lines -= bool(user_line)
         state.tracker = None
+        state.hot.tracker_ends()
         tracker.remove()
         state.release_modules(taken)
 

@@ -48,7 +48,7 @@ impl Spans {
     }
 
     /// The stack of the innermost call that made node number `seq`, if a recorded one did.
-    fn find(&self, seq: u64) -> Option<u32> {
+    pub(crate) fn find(&self, seq: u64) -> Option<u32> {
         let spans = self.spans.lock().unwrap_or_else(|e| e.into_inner());
         spans
             .range(..=(seq, u64::MAX))

@@ -22,6 +22,7 @@ mod cupy_hook;
 mod stacks;
 mod torch_alloc;
 mod torch_files;
+mod torch_track;
 
 create_exception!(
     _native,
@@ -708,6 +709,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_hook::register(m)?;
     cupy_alloc::register(m)?;
     torch_files::register(m)?;
+    torch_track::register(m)?;
     Ok(())
 }
 

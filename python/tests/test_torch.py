@@ -408,3 +408,59 @@ def test_the_documented_pytorch_example_counts_each_module_call_once(page, tmp_p
     exec(example.text, scope)
     links = {r["name"]: r["occurrence"] for r in report_json("timers", "train.pstrace")["links"]}
     assert links == calls and calls["Sequential"] == 3 * 4, (links, calls)
+
+
+def test_track_tensor_refuses_what_is_not_a_tensor_or_a_category(trace):
+    t = torch.ones(4)  # made before tracking: only track_tensor records it
+    with poolsight.record(trace):
+        with pst.track() as tracker:
+            with pytest.raises(TypeError, match="needs a torch.Tensor, not list"):
+                tracker.track_tensor([1, 2], "input")
+            with pytest.raises(ValueError, match="category must be one of parameter, "):
+                tracker.track_tensor(t, "weights")
+            assert tracker.recorded == 0
+            tracker.track_tensor(t, "input")
+            tracker.track_tensor(t, "input")  # once
+            assert tracker.recorded == 1
+
+
+def test_track_tensor_with_python_stacks_names_the_callers_line(trace):
+    kept = torch.zeros(1000, 250)  # made before tracking: recorded where track_tensor is called
+
+    def adopt(tracker):
+        tracker.track_tensor(kept, "input")
+
+    with poolsight.record(trace, stacks="python"):
+        with pst.track() as tracker:
+            adopt(tracker)
+    folded = report_json("lines", trace)["root"]
+
+    def names(node, acc):
+        acc.add(node.get("function"))
+        for c in node.get("children", []):
+            names(c, acc)
+        return acc
+
+    seen = names(folded, set())
+    assert "adopt" in seen and "track_tensor" not in seen
+
+
+def test_the_recorders_torch_state_goes_with_the_recording(trace):
+    """The native per-operator state and the Python state keep each other; once the recording
+    is over and dropped, the garbage collector takes both (nothing of the recorder stays)."""
+    import gc
+    import weakref
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = make_data()
+    with poolsight.record(trace) as rec:
+        with pst.track(model, opt), pst.hook(model):
+            train(model, opt, x, y, steps=2)
+    state = weakref.ref(rec._torch)
+    del rec
+    gc.collect()
+    assert state() is None
+    # The model and its optimizer go on without the recorder: no hook left behind.
+    assert _hook_count(model, opt) == 0
+    train(model, opt, x, y, steps=1)

@@ -1,0 +1,849 @@
+//! The per-operator path of `poolsight.torch` (`track()` and `hook()`), in Rust: every ATen
+//! operator of a recorded PyTorch program passes through `TorchState::dispatch`, the
+//! recording's `TorchDispatchMode`'s `__torch_dispatch__`, so what it does per operator is
+//! kept here, out of the interpreter: the operator's scope (forward, or backward under the
+//! module whose forward made its autograd node), the storages of its outputs recorded once
+//! with their category, and their frees through weakref callbacks.
+//!
+//! The rules are `python/poolsight/torch.py`'s (its docstrings say them); the Python side keeps
+//! what runs once per module call or per optimizer step, and the rare cases (the user's line of
+//! a call, `stacks="python"`, outputs that are neither a tensor nor a list of them), which this
+//! calls back.
+//!
+//! No lock is held across a call into Python: a call into Python may run a weakref callback
+//! (`gone`) that takes the same lock.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple, PyWeakrefReference};
+use pyo3::{PyTraverseError, PyVisit};
+
+use poolsight_recorder::{DeviceInfo, DeviceKind, MemKind, Phase, ScopeKind};
+
+use crate::autograd::Spans;
+use crate::{Map, Recorder};
+
+/// `poolsight.torch.CATEGORIES`, in its order.
+const CATEGORIES: [&str; 7] = [
+    "parameter",
+    "buffer",
+    "gradient",
+    "activation",
+    "optimizer_state",
+    "temporary",
+    "input",
+];
+const ACTIVATION: u8 = 3;
+const TEMPORARY: u8 = 5;
+const INPUT: u8 = 6;
+
+fn category_of(name: &str) -> PyResult<u8> {
+    CATEGORIES
+        .iter()
+        .position(|c| *c == name)
+        .map(|i| i as u8)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "category must be one of {}, not {name:?}",
+                CATEGORIES.join(", ")
+            ))
+        })
+}
+
+/// What an operator is, learnt once per operator (by `poolsight.torch._op_info`).
+struct OpInfo {
+    /// `aten::addmm`, as the profiler names it.
+    name: String,
+    /// Its outputs alias its inputs (a view): an output storage not seen before is data that
+    /// existed before tracking began.
+    view: bool,
+    /// Gets a scope (the profiler's own operators do not).
+    scoped: bool,
+    /// Keeps the operator, whose address is the key, alive.
+    _func: Py<PyAny>,
+}
+
+/// A storage recorded and not yet freed.
+struct Seen {
+    category: u8,
+    bytes: u64,
+    ptr: u64,
+    device: u32,
+    /// The stack a relabelling records it under (without its category).
+    base: u32,
+    /// The weakref whose callback records its free (kept alive here).
+    _weakref: Py<PyAny>,
+}
+
+/// Where the step is, for the category of what an operator makes (`_Tracker.category`).
+#[derive(Default)]
+struct Step {
+    in_optimizer: u32,
+    forward_seen: bool,
+    backward_seen: bool,
+}
+
+#[derive(Default)]
+struct Storages {
+    /// By the storage's `_cdata` (its C++ address, unique while it lives).
+    seen: Map<u64, Seen>,
+    /// The `_cdata` of a storage by the address of the weakref that watches it.
+    by_weakref: Map<usize, u64>,
+    /// PyTorch's device index (-1: CPU) -> the trace's device id.
+    devices: Map<i64, u32>,
+    /// (stack, category) -> the stack with the category's label frame.
+    labelled: Map<(u32, u8), u32>,
+}
+
+/// Module forwards open on one thread (any module), and those run again inside backward
+/// (activation checkpointing's recomputation), per `TorchState` (by its address).
+#[derive(Default, Clone, Copy)]
+struct Local {
+    forward: u32,
+    recompute: u32,
+}
+
+thread_local! {
+    static LOCALS: RefCell<Vec<(usize, Local)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The Python objects the path calls, looked up once.
+struct Calls {
+    /// `torch._C._current_graph_task_id`: -1 outside backward.
+    graph_task: Py<PyAny>,
+    /// `torch._C._current_autograd_node`.
+    current_node: Py<PyAny>,
+    tensor: Py<PyAny>,
+    /// `poolsight.torch._op_info(func) -> (name, view, scoped)`.
+    op_info: Py<PyAny>,
+    /// `poolsight.torch._tensors(out)`: the tensors of any output.
+    tensors: Py<PyAny>,
+}
+
+/// One recording's PyTorch state that every operator reads: see the module's comment.
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct TorchState {
+    recorder: Py<Recorder>,
+    /// The Python `_State`, for the rare cases.
+    state: Py<PyAny>,
+    /// Its `OpenCalls` (a `threading.local`): module calls and optimizer steps open.
+    open_calls: Py<PyAny>,
+    spans: Py<Spans>,
+    calls: Calls,
+    /// The recording's `stacks` is "python", and its `max_depth`.
+    python_stacks: bool,
+    max_depth: u32,
+    /// `hook(functions=True)` open (operator scopes).
+    ops: AtomicU32,
+    /// `user_line` users.
+    user_lines: AtomicU32,
+    /// `track()` open.
+    tracking: AtomicBool,
+    /// Optimizer steps open, and a module's forward ran inside one (a closure).
+    steps_open: AtomicBool,
+    step_forward: AtomicBool,
+    /// A backward ran since the last forward pass began.
+    backward_ran: AtomicBool,
+    /// Storages recorded by `track()` so far.
+    recorded: AtomicU64,
+    step: Mutex<Step>,
+    /// Shared with `gone`, which records frees.
+    storages: Arc<Mutex<Storages>>,
+    op_infos: Mutex<Map<usize, Arc<OpInfo>>>,
+    /// Every weakref's callback. Not a method of this object: the weakrefs it keeps would
+    /// keep it alive.
+    gone: Py<Gone>,
+}
+
+/// The callback of the weakrefs on recorded storages: a storage was collected, its free.
+#[pyclass(module = "poolsight._native", frozen)]
+pub struct Gone {
+    session: Arc<poolsight_capi::Session>,
+    storages: Arc<Mutex<Storages>>,
+}
+
+fn freed(session: &poolsight_capi::Session, bytes: u64, ptr: u64, device: u32) {
+    session.mem_event(MemKind::FreePost, device, 0, ptr, bytes, 0, 0);
+    session.mem_event(MemKind::Release, device, 0, ptr, bytes, 0, 0);
+}
+
+#[pymethods]
+impl Gone {
+    fn __call__(&self, weakref: &Bound<'_, PyAny>) {
+        let entry = {
+            let mut storages = lock(&self.storages);
+            storages
+                .by_weakref
+                .remove(&(weakref.as_ptr() as usize))
+                .and_then(|key| storages.seen.remove(&key))
+        };
+        if let Some(seen) = entry {
+            freed(&self.session, seen.bytes, seen.ptr, seen.device);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl TorchState {
+    fn key(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    fn local(&self) -> Local {
+        let key = self.key();
+        LOCALS.with(|l| {
+            l.borrow()
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| *v)
+                .unwrap_or_default()
+        })
+    }
+
+    fn update_local(&self, f: impl FnOnce(&mut Local)) {
+        let key = self.key();
+        LOCALS.with(|l| {
+            let mut l = l.borrow_mut();
+            let i = match l.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    l.push((key, Local::default()));
+                    l.len() - 1
+                }
+            };
+            f(&mut l[i].1);
+        });
+    }
+
+    fn session(&self) -> &poolsight_capi::Session {
+        &self.recorder.get().session
+    }
+
+    fn in_backward(&self, py: Python<'_>) -> PyResult<bool> {
+        let task: i64 = self.calls.graph_task.bind(py).call0()?.extract()?;
+        Ok(task != -1)
+    }
+
+    fn calls_open(&self, py: Python<'_>) -> PyResult<bool> {
+        let calls = self.open_calls.bind(py).getattr(intern!(py, "calls"))?;
+        Ok(calls
+            .cast::<PyList>()
+            .map(|l| !l.is_empty())
+            .unwrap_or(true))
+    }
+
+    fn op_info(&self, py: Python<'_>, func: &Bound<'_, PyAny>) -> PyResult<Arc<OpInfo>> {
+        let key = func.as_ptr() as usize;
+        if let Some(info) = lock(&self.op_infos).get(&key) {
+            return Ok(info.clone());
+        }
+        let (name, view, scoped): (String, bool, bool) =
+            self.calls.op_info.bind(py).call1((func,))?.extract()?;
+        let info = Arc::new(OpInfo {
+            name,
+            view,
+            scoped,
+            _func: func.clone().unbind(),
+        });
+        lock(&self.op_infos).insert(key, info.clone());
+        Ok(info)
+    }
+
+    /// `_State.user_parent(frame, parent)`: the stack a call made now opens under when it
+    /// should begin with the user's line; the checks that need no frame are made here.
+    fn user_parent(&self, py: Python<'_>, parent: u32) -> PyResult<u32> {
+        if self.user_lines.load(Relaxed) == 0 {
+            return Ok(parent);
+        }
+        if self.calls_open(py)? && !self.step_forward.load(Relaxed) {
+            return Ok(parent);
+        }
+        self.state
+            .bind(py)
+            .call_method1(intern!(py, "user_parent_here"), (parent,))?
+            .extract()
+    }
+
+    /// `_State.backward_parent`: the stack of the module call whose forward made the autograd
+    /// node running now.
+    fn backward_parent(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        self.backward_ran.store(true, Relaxed);
+        let node = self.calls.current_node.bind(py).call0()?;
+        if node.is_none() {
+            return Ok(None);
+        }
+        let seq: u64 = node.call_method0(intern!(py, "_sequence_nr"))?.extract()?;
+        Ok(self.spans.get().find(seq))
+    }
+
+    /// `_Tracker._base`: the stack an allocation made now hangs under (before its category);
+    /// `skip` Python frames are the integration's own (for `stacks="python"`).
+    fn base(&self, py: Python<'_>, in_backward: bool, skip: u32) -> PyResult<u32> {
+        let session = self.session();
+        if self.python_stacks {
+            return self.recorder.get().python_stack(py, self.max_depth, skip);
+        }
+        let ops = self.ops.load(Relaxed) > 0;
+        if in_backward {
+            if !ops {
+                if let Some(parent) = self.backward_parent(py)? {
+                    return Ok(parent);
+                }
+            }
+            return Ok(session.current_stack());
+        }
+        if !ops {
+            return self.user_parent(py, session.current_stack());
+        }
+        Ok(session.current_stack())
+    }
+
+    /// `_Tracker.category`: what a storage an operator makes now is, from where in the step
+    /// it happens.
+    fn category(&self, view: bool, in_backward: bool) -> u8 {
+        let local = self.local();
+        let mut step = lock(&self.step);
+        if in_backward {
+            step.backward_seen = true;
+            self.backward_ran.store(true, Relaxed);
+            return if local.recompute > 0 {
+                ACTIVATION
+            } else {
+                TEMPORARY
+            };
+        }
+        if step.in_optimizer > 0 {
+            if local.forward > 0 || (step.forward_seen && !step.backward_seen) {
+                step.forward_seen = true;
+                return ACTIVATION;
+            }
+            return TEMPORARY;
+        }
+        if step.backward_seen {
+            step.backward_seen = false;
+            step.forward_seen = local.forward > 0;
+        }
+        if view {
+            return INPUT;
+        }
+        if step.forward_seen || local.forward > 0 {
+            step.forward_seen = true;
+            return ACTIVATION;
+        }
+        INPUT
+    }
+
+    fn labelled(&self, base: u32, category: u8) -> u32 {
+        if let Some(&stack) = lock(&self.storages).labelled.get(&(base, category)) {
+            return stack;
+        }
+        let stack = self
+            .session()
+            .push_label(base, CATEGORIES[category as usize]);
+        if stack != 0 {
+            lock(&self.storages)
+                .labelled
+                .insert((base, category), stack);
+        }
+        stack
+    }
+
+    fn observed(&self, bytes: u64, ptr: u64, base: u32, category: u8, device: u32) {
+        let stack = self.labelled(base, category);
+        let s = self.session();
+        s.mem_event(MemKind::MallocPost, device, 0, ptr, bytes, stack, 0);
+        s.mem_event(MemKind::AllocPost, device, 0, ptr, bytes, stack, 0);
+    }
+
+    fn freed(&self, bytes: u64, ptr: u64, device: u32) {
+        freed(self.session(), bytes, ptr, device);
+    }
+
+    /// The trace's device of tensor `t` (numbered as first seen, defined then).
+    fn device(&self, py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let index: i64 = t.call_method0(intern!(py, "get_device"))?.extract()?;
+        if let Some(&d) = lock(&self.storages).devices.get(&index) {
+            return Ok(d);
+        }
+        let device = t.getattr(intern!(py, "device"))?;
+        let name = device.str()?.to_string();
+        let cpu = device.getattr(intern!(py, "type"))?.extract::<String>()? == "cpu";
+        let mut storages = lock(&self.storages);
+        let next = storages.devices.len() as u32;
+        let id = *storages.devices.entry(index).or_insert(next);
+        drop(storages);
+        if id == next {
+            self.session().define_device_info(DeviceInfo {
+                id,
+                name,
+                capacity: 0,
+                allocation_unit: 1,
+                kind: if cpu {
+                    DeviceKind::Cpu
+                } else {
+                    DeviceKind::Gpu
+                },
+                observed: true,
+            });
+        }
+        Ok(id)
+    }
+
+    /// `t`'s storage and its key, or None for a tensor without one.
+    fn storage<'py>(
+        py: Python<'py>,
+        t: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, u64)>> {
+        match t.call_method0(intern!(py, "untyped_storage")) {
+            Ok(st) => {
+                let key: u64 = st.getattr(intern!(py, "_cdata"))?.extract()?;
+                Ok(Some((st, key)))
+            }
+            Err(e)
+                if e.is_instance_of::<PyRuntimeError>(py)
+                    || e.is_instance_of::<PyNotImplementedError>(py) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn is_seen(&self, key: u64) -> bool {
+        lock(&self.storages).seen.contains_key(&key)
+    }
+
+    /// Records storage `st` (of tensor `t`, key `key`) not seen before under `base` and its
+    /// category; `outer` is where a relabelling puts it.
+    #[allow(clippy::too_many_arguments)]
+    fn record_new(
+        slf: &Bound<'_, Self>,
+        t: &Bound<'_, PyAny>,
+        st: &Bound<'_, PyAny>,
+        key: u64,
+        category: u8,
+        base: u32,
+        outer: u32,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let bytes: u64 = st.call_method0(intern!(py, "nbytes"))?.extract()?;
+        let ptr: u64 = st.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        let device = this.device(py, t)?;
+        this.observed(bytes, ptr, base, category, device);
+        this.recorded.fetch_add(1, Relaxed);
+        let weakref = PyWeakrefReference::new_with(st, this.gone.bind(py))?;
+        let wkey = weakref.as_ptr() as usize;
+        let mut storages = lock(&this.storages);
+        storages.by_weakref.insert(wkey, key);
+        storages.seen.insert(
+            key,
+            Seen {
+                category,
+                bytes,
+                ptr,
+                device,
+                base: outer,
+                _weakref: weakref.into_any().unbind(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Records the storages of an operator's outputs not seen before, under `base` (None:
+    /// where the program is); `outer` is the stack the operator's scope opened under, where a
+    /// storage relabelled later goes.
+    fn outputs(
+        slf: &Bound<'_, Self>,
+        out: &Bound<'_, PyAny>,
+        view: bool,
+        in_backward: bool,
+        mut base: Option<u32>,
+        outer: Option<u32>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let tensor = this.calls.tensor.bind(py);
+        let mut category = None;
+        let mut each = |t: &Bound<'_, PyAny>| -> PyResult<()> {
+            let Some((st, key)) = Self::storage(py, t)? else {
+                return Ok(());
+            };
+            if this.is_seen(key) || t.getattr(intern!(py, "is_meta"))?.is_truthy()? {
+                return Ok(());
+            }
+            let cat = match category {
+                Some(c) => c,
+                None => {
+                    let c = this.category(view, in_backward);
+                    category = Some(c);
+                    c
+                }
+            };
+            let b = match base {
+                Some(b) => b,
+                None => {
+                    // The operator's caller: no Python frame of ours is between.
+                    let b = this.base(py, in_backward, 0)?;
+                    base = Some(b);
+                    b
+                }
+            };
+            Self::record_new(slf, t, &st, key, cat, b, outer.unwrap_or(b))
+        };
+        if out.is_instance(tensor)? {
+            return each(out);
+        }
+        let listed = if let Ok(tuple) = out.cast::<PyTuple>() {
+            let items: Vec<_> = tuple.iter().collect();
+            Some(items)
+        } else if let Ok(list) = out.cast::<PyList>() {
+            Some(list.iter().collect())
+        } else {
+            None
+        };
+        if let Some(items) = listed {
+            let mut all = true;
+            for item in &items {
+                if !item.is_instance(tensor)? {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                for item in &items {
+                    each(item)?;
+                }
+                return Ok(());
+            }
+        }
+        let tensors = this.calls.tensors.bind(py).call1((out,))?;
+        for t in tensors.try_iter()? {
+            each(&t?)?;
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl TorchState {
+    /// What it keeps of Python's, for the garbage collector: the Python `_State` keeps this
+    /// object and this keeps it.
+    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
+        visit.call(&self.recorder)?;
+        visit.call(&self.state)?;
+        visit.call(&self.open_calls)?;
+        visit.call(&self.spans)?;
+        visit.call(&self.calls.graph_task)?;
+        visit.call(&self.calls.current_node)?;
+        visit.call(&self.calls.tensor)?;
+        visit.call(&self.calls.op_info)?;
+        visit.call(&self.calls.tensors)?;
+        visit.call(&self.gone)?;
+        Ok(())
+    }
+
+    /// `state`: the Python `_State`; `open_calls`: its `OpenCalls`; `spans`: its `Spans`;
+    /// `torch_c`: `torch._C`; `tensor`: `torch.Tensor`; `op_info`, `tensors`: helpers of
+    /// `poolsight.torch`.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        recorder: Py<Recorder>,
+        state: Py<PyAny>,
+        open_calls: Py<PyAny>,
+        spans: Py<Spans>,
+        torch_c: &Bound<'_, PyAny>,
+        tensor: Py<PyAny>,
+        op_info: Py<PyAny>,
+        tensors: Py<PyAny>,
+        python_stacks: bool,
+        max_depth: u32,
+    ) -> PyResult<Self> {
+        let py = torch_c.py();
+        let storages = Arc::new(Mutex::new(Storages::default()));
+        let gone = Py::new(
+            py,
+            Gone {
+                session: recorder.get().session.clone(),
+                storages: storages.clone(),
+            },
+        )?;
+        Ok(TorchState {
+            recorder,
+            state,
+            open_calls,
+            spans,
+            calls: Calls {
+                graph_task: torch_c
+                    .getattr(intern!(py, "_current_graph_task_id"))?
+                    .unbind(),
+                current_node: torch_c
+                    .getattr(intern!(py, "_current_autograd_node"))?
+                    .unbind(),
+                tensor,
+                op_info,
+                tensors,
+            },
+            python_stacks,
+            max_depth,
+            ops: AtomicU32::new(0),
+            user_lines: AtomicU32::new(0),
+            tracking: AtomicBool::new(false),
+            steps_open: AtomicBool::new(false),
+            step_forward: AtomicBool::new(false),
+            backward_ran: AtomicBool::new(false),
+            recorded: AtomicU64::new(0),
+            step: Mutex::new(Step::default()),
+            storages,
+            op_infos: Mutex::new(Map::default()),
+            gone,
+        })
+    }
+
+    /// The recording's `__torch_dispatch__`: `func` run under its scope (with operator scopes
+    /// on), its outputs' storages recorded (with `track()` on).
+    #[pyo3(signature = (_mode, func, _types, args=None, kwargs=None))]
+    fn dispatch<'py>(
+        slf: &Bound<'py, Self>,
+        _mode: &Bound<'py, PyAny>,
+        func: &Bound<'py, PyAny>,
+        _types: &Bound<'py, PyAny>,
+        args: Option<&Bound<'py, PyTuple>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let this = slf.get();
+        let info = this.op_info(py, func)?;
+        let empty;
+        let args = match args {
+            Some(a) => a,
+            None => {
+                empty = PyTuple::empty(py);
+                &empty
+            }
+        };
+        let tracking = this.tracking.load(Relaxed);
+        if this.ops.load(Relaxed) == 0 || !info.scoped {
+            let out = func.call(args, kwargs)?;
+            if tracking {
+                let in_backward = this.in_backward(py)?;
+                Self::outputs(slf, &out, info.view, in_backward, None, None)?;
+            }
+            return Ok(out);
+        }
+        let session = this.session();
+        let in_backward = this.in_backward(py)?;
+        let (phase, parent) = if in_backward {
+            // Activation checkpointing's recomputation: under the modules running again.
+            let parent = if this.local().recompute > 0 {
+                None
+            } else {
+                this.backward_parent(py)?
+            };
+            let parent = match parent {
+                Some(p) => p,
+                // A node no module made (the loss's): under the line that called backward().
+                None => this.user_parent(py, session.current_stack())?,
+            };
+            (Phase::Backward, parent)
+        } else {
+            let stepping = this.steps_open.load(Relaxed) && this.step_forward.load(Relaxed);
+            let parent = if this.calls_open(py)? && !stepping {
+                // Inside a module call, or an optimizer's own step: under it.
+                session.current_stack()
+            } else {
+                this.user_parent(py, session.current_stack())?
+            };
+            (Phase::Forward, parent)
+        };
+        let token = session.enter_under(parent, ScopeKind::Function, &info.name, phase, "", 0);
+        let out = func.call(args, kwargs).and_then(|out| {
+            // With track() on too, the outputs are recorded while the op's scope is open.
+            if tracking {
+                Self::outputs(
+                    slf,
+                    &out,
+                    info.view,
+                    in_backward,
+                    Some(token.stack()),
+                    Some(parent),
+                )?;
+            }
+            Ok(out)
+        });
+        match out {
+            Ok(out) => {
+                session.exit(token).map_err(crate::err)?;
+                Ok(out)
+            }
+            Err(e) => {
+                // An op that raised is not a call of it (no row, no time).
+                let _ = session.abort(token);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records `t`'s storage once under `category` (see `_Tracker.track_tensor`); `relabel`
+    /// moves a storage seen under another category to this one. `skip`: the caller's own
+    /// Python frames, left out of a `stacks="python"` stack.
+    #[pyo3(signature = (t, category, relabel, skip=0))]
+    fn track(
+        slf: &Bound<'_, Self>,
+        t: &Bound<'_, PyAny>,
+        category: &str,
+        relabel: bool,
+        skip: u32,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let category = category_of(category)?;
+        if t.getattr(intern!(py, "is_meta"))?.is_truthy()? {
+            return Ok(());
+        }
+        let Some((st, key)) = Self::storage(py, t)? else {
+            return Ok(());
+        };
+        let relabelled = {
+            let mut storages = lock(&this.storages);
+            match storages.seen.get_mut(&key) {
+                None => None,
+                Some(seen) if !relabel || seen.category == category => return Ok(()),
+                Some(seen) => {
+                    seen.category = category;
+                    Some((seen.bytes, seen.ptr, seen.device, seen.base))
+                }
+            }
+        };
+        match relabelled {
+            // Moved from its old category to this one at the same instant, same stack.
+            Some((bytes, ptr, device, base)) => {
+                this.freed(bytes, ptr, device);
+                this.observed(bytes, ptr, base, category, device);
+                Ok(())
+            }
+            None => {
+                let in_backward = this.in_backward(py)?;
+                let base = this.base(py, in_backward, skip)?;
+                Self::record_new(slf, t, &st, key, category, base, base)
+            }
+        }
+    }
+
+    /// A module's forward begins (any module): counted as a forward, or as a recomputation
+    /// inside backward.
+    fn forward_begins(&self, py: Python<'_>) -> PyResult<()> {
+        if self.in_backward(py)? {
+            self.update_local(|l| l.recompute += 1);
+        } else {
+            self.update_local(|l| l.forward += 1);
+            if self.steps_open.load(Relaxed) {
+                self.step_forward.store(true, Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn forward_ends(&self, py: Python<'_>) -> PyResult<()> {
+        if self.in_backward(py)? {
+            self.update_local(|l| l.recompute = l.recompute.saturating_sub(1));
+        } else {
+            self.update_local(|l| l.forward = l.forward.saturating_sub(1));
+        }
+        Ok(())
+    }
+
+    /// A `track()` begins: the step starts afresh and `recorded` counts from here.
+    fn tracker_begins(&self) {
+        *lock(&self.step) = Step::default();
+        self.tracking.store(true, Relaxed);
+    }
+
+    fn tracker_ends(&self) {
+        self.tracking.store(false, Relaxed);
+    }
+
+    /// An optimizer's step begins (`track()`): what it makes is temporary unless it keeps it.
+    fn optimizer_begins(&self) {
+        let mut step = lock(&self.step);
+        step.in_optimizer += 1;
+        if step.in_optimizer == 1 {
+            step.forward_seen = false;
+            step.backward_seen = false;
+        }
+    }
+
+    /// An optimizer's step ended: what comes next belongs to the next one.
+    fn optimizer_ends(&self) {
+        let mut step = lock(&self.step);
+        step.in_optimizer = step.in_optimizer.saturating_sub(1);
+        step.forward_seen = false;
+        step.backward_seen = false;
+    }
+
+    #[getter]
+    fn recorded(&self) -> u64 {
+        self.recorded.load(Relaxed)
+    }
+
+    /// Storages recorded and not freed yet.
+    #[getter]
+    fn live(&self) -> usize {
+        lock(&self.storages).seen.len()
+    }
+
+    #[getter]
+    fn get_ops(&self) -> u32 {
+        self.ops.load(Relaxed)
+    }
+    #[setter]
+    fn set_ops(&self, v: u32) {
+        self.ops.store(v, Relaxed)
+    }
+    #[getter]
+    fn get_user_lines(&self) -> u32 {
+        self.user_lines.load(Relaxed)
+    }
+    #[setter]
+    fn set_user_lines(&self, v: u32) {
+        self.user_lines.store(v, Relaxed)
+    }
+    #[getter]
+    fn get_steps_open(&self) -> bool {
+        self.steps_open.load(Relaxed)
+    }
+    #[setter]
+    fn set_steps_open(&self, v: bool) {
+        self.steps_open.store(v, Relaxed)
+    }
+    #[getter]
+    fn get_step_forward(&self) -> bool {
+        self.step_forward.load(Relaxed)
+    }
+    #[setter]
+    fn set_step_forward(&self, v: bool) {
+        self.step_forward.store(v, Relaxed)
+    }
+    #[getter]
+    fn get_backward_ran(&self) -> bool {
+        self.backward_ran.load(Relaxed)
+    }
+    #[setter]
+    fn set_backward_ran(&self, v: bool) {
+        self.backward_ran.store(v, Relaxed)
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<TorchState>()?;
+    Ok(())
+}
