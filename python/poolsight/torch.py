@@ -45,16 +45,8 @@ __all__ = [
 #: The categories :func:`track` gives allocations: PyTorch's ``MemTracker``'s, and ``input``
 #: (what a step makes before its first module forward: the batch, sliced and moved; and data
 #: that existed before tracking began, first seen through a view), which ``MemTracker`` counts
-#: as activations.
-CATEGORIES = (
-    "parameter",
-    "buffer",
-    "gradient",
-    "activation",
-    "optimizer_state",
-    "temporary",
-    "input",
-)
+#: as activations. (The native module, which gives them, keeps the one list.)
+CATEGORIES: tuple[str, ...] = tuple(_native.TORCH_CATEGORIES)
 
 _KIND_FUNCTION, _KIND_LINK, _KIND_SCOPE = _native.FUNCTION, _native.LINK, _native.SCOPE
 _PHASE_FORWARD, _PHASE_BACKWARD = _native.FORWARD, _native.BACKWARD

@@ -28,7 +28,7 @@ use poolsight_recorder::{DeviceInfo, DeviceKind, MemKind, Phase, ScopeKind};
 use crate::autograd::Spans;
 use crate::{Map, Recorder};
 
-/// `poolsight.torch.CATEGORIES`, in its order.
+/// `poolsight.torch.CATEGORIES` (the Python module takes them from here), in its order.
 const CATEGORIES: [&str; 7] = [
     "parameter",
     "buffer",
@@ -845,5 +845,6 @@ impl TorchState {
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TorchState>()?;
+    m.add("TORCH_CATEGORIES", CATEGORIES.to_vec())?;
     Ok(())
 }

@@ -411,6 +411,15 @@ def test_the_documented_pytorch_example_counts_each_module_call_once(page, tmp_p
 
 
 def test_track_tensor_refuses_what_is_not_a_tensor_or_a_category(trace):
+    assert pst.CATEGORIES == (
+        "parameter",
+        "buffer",
+        "gradient",
+        "activation",
+        "optimizer_state",
+        "temporary",
+        "input",
+    )
     t = torch.ones(4)  # made before tracking: only track_tensor records it
     with poolsight.record(trace):
         with pst.track() as tracker:
