@@ -112,10 +112,10 @@ pub fn lines(args: LinesArgs, out: &mut impl Write) -> anyhow::Result<()> {
 pub struct TimersArgs {
     #[command(flatten)]
     input: Input,
-    /// Only the link table.
+    /// Only the link table (in JSON and CSV too).
     #[arg(long, conflicts_with = "functions")]
     links: bool,
-    /// Only the function table.
+    /// Only the function table (in JSON and CSV too).
     #[arg(long)]
     functions: bool,
     /// auto (one unit for the table, from its largest time, as Chainer), auto_foreach (one
@@ -131,12 +131,17 @@ pub fn timers(args: TimersArgs, out: &mut impl Write) -> anyhow::Result<()> {
         _ => Which::Both,
     };
     let v = computed(&args.input, CategoryPass::Never, timers::timers)?;
+    // JSON and CSV hold the table(s) asked for, as the text does.
+    let shown: Vec<(String, timers::Shown)> = v
+        .iter()
+        .map(|(name, t)| (name.clone(), timers::Shown { timers: t, which }))
+        .collect();
     emit(
         out,
         args.input.format,
-        &v,
-        |t| timers::render_table(t, which, args.unit),
-        timers::render_csv,
+        &shown,
+        |s| timers::render_table(s.timers, which, args.unit),
+        |s| timers::render_csv_of(s.timers, which),
     )
 }
 

@@ -452,3 +452,46 @@ fn the_committed_packed_fixture_matches_the_golden_files() {
         assert!(got == want, "{file}:\n--- expected\n{want}\n--- got\n{got}");
     }
 }
+
+#[test]
+fn timers_links_or_functions_alone_hold_in_json_and_csv_too() {
+    let trace = vec!["fixtures/traces/chainer_nested.pstrace".to_string()];
+    let both: serde_json::Value =
+        serde_json::from_str(&poolsight(&["timers", "--format", "json"], &trace)).unwrap();
+    let links: serde_json::Value = serde_json::from_str(&poolsight(
+        &["timers", "--links", "--format", "json"],
+        &trace,
+    ))
+    .unwrap();
+    let functions: serde_json::Value = serde_json::from_str(&poolsight(
+        &["timers", "--functions", "--format", "json"],
+        &trace,
+    ))
+    .unwrap();
+    assert!(!both["links"].as_array().unwrap().is_empty());
+    assert!(!both["functions"].as_array().unwrap().is_empty());
+    let keys = |v: &serde_json::Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&links), ["links", "links_total_ns"]);
+    assert_eq!(keys(&functions), ["functions", "functions_total_ns"]);
+    assert_eq!(links["links"], both["links"]);
+    assert_eq!(links["links_total_ns"], both["links_total_ns"]);
+    assert_eq!(functions["functions"], both["functions"]);
+
+    let csv = |args: &[&str]| -> Vec<String> {
+        poolsight(args, &trace)
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').next().unwrap().to_string())
+            .collect()
+    };
+    let all = csv(&["timers", "--format", "csv"]);
+    let only_links = csv(&["timers", "--links", "--format", "csv"]);
+    let only_functions = csv(&["timers", "--functions", "--format", "csv"]);
+    assert!(only_links.iter().all(|k| k == "link") && !only_links.is_empty());
+    assert!(only_functions.iter().all(|k| k == "function") && !only_functions.is_empty());
+    assert_eq!(only_links.len() + only_functions.len(), all.len());
+}

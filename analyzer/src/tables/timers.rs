@@ -123,6 +123,33 @@ pub enum Which {
     Functions,
 }
 
+/// The tables `which` names, as JSON: `timers --links` writes the links and their total only,
+/// `--functions` the functions and theirs (the other table's keys are left out, not written
+/// empty); both, the same keys as [`Timers`].
+pub struct Shown<'a> {
+    pub timers: &'a Timers,
+    pub which: Which,
+}
+
+impl Serialize for Shown<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let t = self.timers;
+        if self.which == Which::Both {
+            return t.serialize(s);
+        }
+        let mut m = s.serialize_map(Some(2))?;
+        if self.which == Which::Links {
+            m.serialize_entry("links", &t.links)?;
+            m.serialize_entry("links_total_ns", &t.links_total_ns)?;
+        } else {
+            m.serialize_entry("functions", &t.functions)?;
+            m.serialize_entry("functions_total_ns", &t.functions_total_ns)?;
+        }
+        m.end()
+    }
+}
+
 pub fn render_table(t: &Timers, which: Which, unit: TimeUnit) -> String {
     let mut parts = Vec::new();
     if which != Which::Functions {
@@ -170,9 +197,19 @@ struct CsvRow<'a> {
 }
 
 pub fn render_csv(t: &Timers) -> String {
+    render_csv_of(t, Which::Both)
+}
+
+/// The CSV rows of the tables `which` names (`timers --links` or `--functions`).
+pub fn render_csv_of(t: &Timers, which: Which) -> String {
     let tables = [("link", &t.links), ("function", &t.functions)];
     let rows: Vec<CsvRow> = tables
         .iter()
+        .filter(|(kind, _)| match which {
+            Which::Both => true,
+            Which::Links => *kind == "link",
+            Which::Functions => *kind == "function",
+        })
         .flat_map(|(kind, list)| {
             list.iter().map(move |r| CsvRow {
                 kind,
