@@ -19,6 +19,37 @@ fn library_dir() -> Option<PathBuf> {
         .find(|d| d.join("libpoolsight_capi.so").exists())
 }
 
+/// Builds the C program `src` into `exe` against the header and the shared library in `lib`;
+/// false (said on stderr) when there is no C compiler, a failed assertion when it does not
+/// build.
+fn compile(src: &Path, exe: &Path, lib: &Path) -> bool {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-I")
+        .arg(crate_dir.join("include"))
+        .arg(src)
+        .arg("-o")
+        .arg(exe)
+        .arg("-L")
+        .arg(lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .arg("-lpoolsight_capi")
+        .status();
+    match status {
+        Ok(s) => {
+            assert!(s.success(), "{cc} could not build {}", src.display());
+            true
+        }
+        Err(e) => {
+            eprintln!("skipped: no C compiler ({cc}: {e})");
+            false
+        }
+    }
+}
+
 #[test]
 fn a_c_program_records_a_trace_the_analyzer_reads() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -32,26 +63,8 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
     let Some(lib) = library_dir() else {
         panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
     };
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = Command::new(&cc)
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-I")
-        .arg(crate_dir.join("include"))
-        .arg(crate_dir.join("tests/smoke.c"))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-L")
-        .arg(&lib)
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .arg("-lpoolsight_capi")
-        .status();
-    match status {
-        Ok(s) => assert!(s.success(), "{cc} could not build tests/smoke.c"),
-        Err(e) => {
-            eprintln!("skipped: no C compiler ({cc}: {e})");
-            return;
-        }
+    if !compile(&crate_dir.join("tests/smoke.c"), &exe, &lib) {
+        return;
     }
     let trace = tmp.join("smoke.pstrace");
     let second = tmp.join("second.pstrace");
@@ -92,4 +105,57 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
         4,
         "1000, 2000, 1 GiB, 8192"
     );
+}
+
+/// docs/c.md's example, as written, in a `main` of its own (its `#include` lines before it):
+/// it builds, runs, and writes the trace it says.
+#[test]
+fn the_documented_c_example_builds_and_records() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(crate_dir.join("../docs/c.md")).expect("docs/c.md");
+    let block = page
+        .split("```c\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a C block in docs/c.md");
+    let (includes, body): (Vec<&str>, Vec<&str>) =
+        block.lines().partition(|l| l.starts_with("#include"));
+    let program = format!(
+        "{}\n#include <stdint.h>\nint main(void) {{\n{}\nreturn 0;\n}}\n",
+        includes.join("\n"),
+        body.join("\n")
+    );
+    let scratch = tempfile::Builder::new()
+        .prefix("doc-c-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("scratch directory");
+    let tmp = scratch.path();
+    let src = tmp.join("example.c");
+    std::fs::write(&src, program).expect("write example.c");
+    let exe = tmp.join("example");
+    let Some(lib) = library_dir() else {
+        panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
+    };
+    if !compile(&src, &exe, &lib) {
+        return;
+    }
+    let out = Command::new(&exe)
+        .current_dir(tmp)
+        .output()
+        .expect("run the example");
+    assert!(
+        out.status.success(),
+        "the example failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Trace::open(tmp.join("run.pstrace")).expect("the example's trace opens");
+    assert!(t.footer.is_some(), "ps_recorder_finish sealed the file");
+    let profile = replay(&t, 0, &ReplayOptions::default());
+    let rows = functions(&profile).functions;
+    let linear = rows
+        .iter()
+        .find(|r| r.name == "LinearFunction")
+        .expect("a LinearFunction row");
+    // 1000 bytes asked, 1024 used: the pool rounds to 512-byte units, as CuPy's does.
+    assert_eq!((linear.used_bytes, linear.occurrence), (1024, 1));
 }
