@@ -473,3 +473,26 @@ def test_the_recorders_torch_state_goes_with_the_recording(trace):
     # The model and its optimizer go on without the recorder: no hook left behind.
     assert _hook_count(model, opt) == 0
     train(model, opt, x, y, steps=1)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_tensors_without_a_plain_storage_do_not_stop_the_training(trace):
+    """Sparse, nested and meta tensors, complex numbers, operators returning tuples and named
+    tuples: recorded where they have a storage, passed over where they do not, never an
+    error in the program."""
+    model = torch.nn.Linear(4, 4)
+    with poolsight.record(trace), pst.track(model), pst.hook(model):
+        s = torch.randn(4, 4).to_sparse()
+        dense = (s * 2).to_dense()
+        torch.sparse.mm(s, torch.randn(4, 2))
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+        nested + 1
+        torch.empty(3, device="meta") + 1
+        torch.randn(3, dtype=torch.complex64).abs()
+        torch.split(torch.randn(6), 2)
+        values, _ = torch.max(torch.randn(3, 3), dim=1)
+        x = torch.randn(5, 4, requires_grad=True)
+        model(x).sum().backward()
+    assert dense.shape == (4, 4) and values.shape == (3,) and x.grad is not None
+    info = report_json("info", trace)
+    assert info["events"]["malloc_post"] > 10
