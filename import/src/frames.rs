@@ -80,9 +80,31 @@ fn viewer_keeps(name: &str, file: &str) -> bool {
         && !file.contains(ALLOCATOR)
 }
 
+/// The profiler's name of a Python call, `file.py(line): function`, as (file, line,
+/// function); None for any other name.
+pub fn profiler_location(name: &str) -> Option<(&str, u32, &str)> {
+    let (loc, function) = name.split_once("): ")?;
+    let (file, line) = loc.rsplit_once('(')?;
+    Some((file, line.parse().ok()?, function))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_profiler_call_name_gives_its_file_line_and_function() {
+        assert_eq!(
+            profiler_location("torch/nn/modules/linear.py(130): forward"),
+            Some(("torch/nn/modules/linear.py", 130, "forward"))
+        );
+        assert_eq!(
+            profiler_location("gen (2).py(18): <module>"),
+            Some(("gen (2).py", 18, "<module>"))
+        );
+        assert_eq!(profiler_location("aten::addmm"), None);
+        assert_eq!(profiler_location("f(x): y"), None);
+    }
 
     #[test]
     fn the_viewer_rule_and_python_frames() {

@@ -304,12 +304,8 @@ fn scope_frame(cat: &str, name: &str) -> Frame {
         };
         return frame(FrameKind::Link, "", 0, class);
     }
-    if let Some((loc, func)) = name.split_once("): ") {
-        if let Some((file, line)) = loc.rsplit_once('(') {
-            if let Ok(line) = line.parse() {
-                return frame(FrameKind::Scope, file, line, func);
-            }
-        }
+    if let Some((file, line, func)) = crate::frames::profiler_location(name) {
+        return frame(FrameKind::Scope, file, line, func);
     }
     frame(FrameKind::Scope, "", 0, name)
 }

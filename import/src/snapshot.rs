@@ -736,13 +736,20 @@ impl Stacks {
             return NONE;
         };
         let text = |id: StrId, absent: &'static str| if id == NONE { absent } else { s.text(id) };
-        let (name, file) = (text(k.name, "?"), text(k.file, "??"));
+        let (mut name, mut file, mut line) = (text(k.name, "?"), text(k.file, "??"), k.line);
+        // `_memory_viz._profile_to_snapshot` writes a profiler's Python call as
+        // {filename: "none", line: 0, name: "file.py(18): function"}: its file and line.
+        if file == "none" && line == 0 {
+            if let Some((f, l, n)) = crate::frames::profiler_location(name) {
+                (file, line, name) = (f, l, n);
+            }
+        }
         let id = if self.filter.keeps(name, file) {
             ev.frame(Frame {
                 kind: FrameKind::Foreign,
                 phase: Phase::None,
                 file: file.to_owned(),
-                line: k.line,
+                line,
                 name: name.to_owned(),
             })
         } else {

@@ -71,8 +71,22 @@ def _folded(text):
         yield path.split(";"), int(size)
 
 
+# ``_profile_to_snapshot`` writes a profiler's Python call as the frame {filename: "none",
+# line: 0, name: "path/file.py(18): function"}, which the viewer prints "none:0:path/file.py(18):
+# function"; poolsight takes the file and line out of the name (and these tests print a file by
+# its base name): "file.py:18:function".
+_PROFILER_CALL = re.compile(r"^none:0:(.*)\((\d+)\): (.*)$")
+
+
+def _frame(part):
+    m = _PROFILER_CALL.match(part)
+    if m is None:
+        return part
+    return f"{m.group(1).split('/')[-1]}:{m.group(2)}:{m.group(3)}"
+
+
 def _frames(parts):
-    return tuple(p for p in parts if p != "<non-python>")
+    return tuple(_frame(p) for p in parts if p != "<non-python>")
 
 
 def live_by_stack(snapshot):
