@@ -62,6 +62,10 @@ fn every_command_reads_a_snapshot() {
     assert_eq!(info["events"]["device_free"], 1);
     assert_eq!(info["imported_from"]["kind"], "pytorch-snapshot");
     assert_eq!(info["imported_from"]["overflowed"], false);
+    // The header's process is the one that converted the file, and the text says so.
+    let text = cli(&["info", s]).stdout;
+    assert!(text.contains("converted by pid "), "{text}");
+    assert!(!text.contains("process      pid"), "{text}");
     let epochs = cli(&["epochs", "--format", "json", s]).json();
     assert_eq!(epochs["epochs"].as_array().unwrap().len(), 1);
 }

@@ -279,9 +279,16 @@ pub fn render_table(i: &Info) -> String {
         "format       {} (written by {})",
         i.format_version, i.writer
     );
+    // An imported file's header names the process that converted it (PyTorch's files say
+    // nothing of the process that wrote them).
     let _ = writeln!(
         o,
-        "process      pid {} on {}",
+        "{}pid {} on {}",
+        if i.imported_from.is_some() {
+            "converted by "
+        } else {
+            "process      "
+        },
         i.pid,
         if i.host.is_empty() { "?" } else { &i.host }
     );
