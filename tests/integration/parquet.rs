@@ -543,3 +543,79 @@ fn a_large_two_thread_trace_exports_in_order_across_row_groups() {
     assert_eq!(seq as u64, 4 * PAIRS);
     assert_eq!(peak as u64, expected.pool.expect("pool").peak_used_bytes);
 }
+
+/// The events table of the only rank exported into `dir`.
+fn only_events(dir: &Path) -> RecordBatch {
+    let parts: Vec<PathBuf> = walk(&dir.join("events"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    read(&parts[0])
+}
+
+fn int32s(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
+    let c = b
+        .column_by_name(name)
+        .unwrap_or_else(|| panic!("no column {name}"));
+    let a = c.as_any().downcast_ref::<Int32Array>().expect("Int32");
+    a.iter().collect()
+}
+
+#[test]
+fn each_mark_puts_its_figures_in_the_columns_that_name_them() {
+    // An imported snapshot's out-of-memory: the device's free bytes (1 MiB in make.py) are
+    // the device_free row's bytes, on its device, not CPU bytes.
+    let out = scratch::dir();
+    let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pytorch/snapshot_small.pickle");
+    let (code, err) = poolsight(&[
+        "export",
+        "--format",
+        "parquet",
+        "-o",
+        out.to_str().unwrap(),
+        snap.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ev = only_events(&out);
+    let kinds = strs(&ev, "kind");
+    let at = kinds
+        .iter()
+        .position(|k| k == "device_free")
+        .expect("a device_free row");
+    assert_eq!(ints(&ev, "bytes")[at], Some(1 << 20));
+    assert_eq!(int32s(&ev, "device")[at], Some(0));
+    assert_eq!(ints(&ev, "cpu_bytes")[at], None);
+
+    // A call that raised: its row carries the call's stack and how long it ran.
+    let path = scratch("aborted.pstrace");
+    {
+        use poolsight::recorder::{Phase, Recorder, RecorderConfig, ScopeKind};
+        let rec = Recorder::create(&*path, RecorderConfig::default()).expect("recorder");
+        let h = rec.handle();
+        let t = h.enter(ScopeKind::Function, "Embed", Phase::Forward, "m.py", 9);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        h.abort(t).unwrap();
+        drop(h);
+        rec.finish().unwrap();
+    }
+    let out = scratch::dir();
+    let (code, err) = poolsight(&[
+        "export",
+        "--format",
+        "parquet",
+        "-o",
+        out.to_str().unwrap(),
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let ev = only_events(&out);
+    let kinds = strs(&ev, "kind");
+    let at = kinds
+        .iter()
+        .position(|k| k == "scope_abort")
+        .expect("a scope_abort row");
+    assert!(ints(&ev, "stack")[at].is_some_and(|s| s > 0));
+    assert!(ints(&ev, "duration_ns")[at].is_some_and(|d| d >= 2_000_000));
+    assert_eq!(ints(&ev, "cpu_bytes")[at], None);
+}

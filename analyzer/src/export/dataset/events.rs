@@ -85,6 +85,7 @@ pub static STACKS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 /// (the order of [`crate::read::names::event_keys`]).
 const EPOCH_BEGIN: i8 = (MARKS_AT + MarkKind::EpochBegin as usize) as i8;
 const EPOCH_END: i8 = (MARKS_AT + MarkKind::EpochEnd as usize) as i8;
+const SCOPE_ABORT: i8 = (MARKS_AT + MarkKind::ScopeAbort as usize) as i8;
 const MARKS_AT: usize = MemKind::ALL.len() + 4;
 
 /// Event classes, in their order at equal ticks (as the replay merges them).
@@ -241,8 +242,10 @@ fn chunk_events<'a>(
     }
 }
 
+/// A mark's row: its figures in the columns that name them (the format's `MarkKind` says what
+/// `aux`, `a` and `b` hold for each kind).
 fn mark_event(e: &fb::MarkEvent) -> Event {
-    Event {
+    let mut ev = Event {
         ticks: e.ticks(),
         class: MARK,
         thread: 0,
@@ -254,8 +257,31 @@ fn mark_event(e: &fb::MarkEvent) -> Event {
         stream: None,
         stack: None,
         aux: u64::from(e.aux()),
-        cpu: Some((e.a(), e.b())),
+        cpu: None,
+    };
+    match MarkKind::try_from(e.kind()) {
+        Ok(MarkKind::EpochBegin | MarkKind::EpochEnd | MarkKind::CpuSample) => {
+            ev.cpu = Some((e.a(), e.b()));
+        }
+        // The call's stack, and how long it ran before it raised (`a`: when it opened).
+        Ok(MarkKind::ScopeAbort) => {
+            ev.stack = Some(e.aux());
+            ev.aux = e.ticks().saturating_sub(e.a());
+        }
+        // The device's free bytes at an out-of-memory (the request is the OOM row's bytes).
+        Ok(MarkKind::DeviceFree) => {
+            ev.device = u8::try_from(e.aux()).ok();
+            ev.bytes = Some(e.a());
+        }
+        Ok(MarkKind::Snapshot) => ev.device = u8::try_from(e.aux()).ok(),
+        // The block annotated (0: a moment, no block) and its device.
+        Ok(MarkKind::Annotation) => {
+            ev.ptr = Some(e.a());
+            ev.device = u8::try_from(e.b()).ok();
+        }
+        Err(_) => {}
     }
+    ev
 }
 
 /// Column builders for one batch of event rows.
@@ -315,7 +341,7 @@ impl EventColumns {
         self.epoch.append_option(epoch.map(i64_of));
         // A scope's start is converted on its own, as the other exports do, so its duration
         // is end minus start in ns.
-        let duration = (e.class == SCOPE).then(|| {
+        let duration = (e.class == SCOPE || e.kind == SCOPE_ABORT).then(|| {
             let start = trace.ns_since_start(e.ticks.saturating_sub(e.aux));
             i64_of(ns - start.min(ns))
         });
