@@ -19,11 +19,22 @@ fn library_dir() -> Option<PathBuf> {
         .find(|d| d.join("libpoolsight_capi.so").exists())
 }
 
-/// Builds the C program `src` into `exe` against the header and the shared library in `lib`;
-/// false (said on stderr) when there is no C compiler, a failed assertion when it does not
-/// build.
-fn compile(src: &Path, exe: &Path, lib: &Path) -> bool {
+/// A scratch directory, removed with everything in it when the test ends.
+fn scratch(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("scratch directory")
+}
+
+/// Builds the C program `src` into `exe` against the header and the shared library cargo
+/// built; false (said on stderr) when there is no C compiler, a failed assertion when it does
+/// not build.
+fn compile(src: &Path, exe: &Path) -> bool {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(lib) = library_dir() else {
+        panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
+    };
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(&cc)
         .arg("-Wall")
@@ -34,7 +45,7 @@ fn compile(src: &Path, exe: &Path, lib: &Path) -> bool {
         .arg("-o")
         .arg(exe)
         .arg("-L")
-        .arg(lib)
+        .arg(&lib)
         .arg(format!("-Wl,-rpath,{}", lib.display()))
         .arg("-lpoolsight_capi")
         .status();
@@ -50,34 +61,28 @@ fn compile(src: &Path, exe: &Path, lib: &Path) -> bool {
     }
 }
 
+/// Runs a built program; a failed assertion, with its stderr, when it fails.
+fn succeeds(cmd: &mut Command) {
+    let out = cmd.output().expect("run the program");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn a_c_program_records_a_trace_the_analyzer_reads() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    // Removed with everything in it when the test ends.
-    let scratch = tempfile::Builder::new()
-        .prefix("smoke-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("scratch directory");
+    let scratch = scratch("smoke-");
     let tmp = scratch.path();
     let exe = tmp.join("smoke");
-    let Some(lib) = library_dir() else {
-        panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
-    };
-    if !compile(&crate_dir.join("tests/smoke.c"), &exe, &lib) {
+    if !compile(&crate_dir.join("tests/smoke.c"), &exe) {
         return;
     }
     let trace = tmp.join("smoke.pstrace");
     let second = tmp.join("second.pstrace");
-    let out = Command::new(&exe)
-        .arg(&trace)
-        .arg(&second)
-        .output()
-        .expect("run smoke");
-    assert!(
-        out.status.success(),
-        "smoke failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(Command::new(&exe).arg(&trace).arg(&second));
 
     let t = Trace::open(&trace).expect("the trace opens");
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
@@ -125,29 +130,15 @@ fn the_documented_c_example_builds_and_records() {
         includes.join("\n"),
         body.join("\n")
     );
-    let scratch = tempfile::Builder::new()
-        .prefix("doc-c-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("scratch directory");
+    let scratch = scratch("doc-c-");
     let tmp = scratch.path();
     let src = tmp.join("example.c");
     std::fs::write(&src, program).expect("write example.c");
     let exe = tmp.join("example");
-    let Some(lib) = library_dir() else {
-        panic!("libpoolsight_capi.so is not beside the test binary nor in target/<profile>/");
-    };
-    if !compile(&src, &exe, &lib) {
+    if !compile(&src, &exe) {
         return;
     }
-    let out = Command::new(&exe)
-        .current_dir(tmp)
-        .output()
-        .expect("run the example");
-    assert!(
-        out.status.success(),
-        "the example failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(Command::new(&exe).current_dir(tmp));
     let t = Trace::open(tmp.join("run.pstrace")).expect("the example's trace opens");
     assert!(t.footer.is_some(), "ps_recorder_finish sealed the file");
     let profile = replay(&t, 0, &ReplayOptions::default());

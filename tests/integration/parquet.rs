@@ -544,9 +544,19 @@ fn a_large_two_thread_trace_exports_in_order_across_row_groups() {
     assert_eq!(peak as u64, expected.pool.expect("pool").peak_used_bytes);
 }
 
-/// The events table of the only rank exported into `dir`.
-fn only_events(dir: &Path) -> RecordBatch {
-    let parts: Vec<PathBuf> = walk(&dir.join("events"))
+/// `trace` exported with the CLI, and the events table of its one rank.
+fn exported_events(trace: &Path) -> RecordBatch {
+    let out = scratch::dir();
+    let (code, err) = poolsight(&[
+        "export",
+        "--format",
+        "parquet",
+        "-o",
+        out.to_str().unwrap(),
+        trace.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let parts: Vec<PathBuf> = walk(&out.join("events"))
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
         .collect();
@@ -566,18 +576,8 @@ fn int32s(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
 fn each_mark_puts_its_figures_in_the_columns_that_name_them() {
     // An imported snapshot's out-of-memory: the device's free bytes (1 MiB in make.py) are
     // the device_free row's bytes, on its device, not CPU bytes.
-    let out = scratch::dir();
     let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/pytorch/snapshot_small.pickle");
-    let (code, err) = poolsight(&[
-        "export",
-        "--format",
-        "parquet",
-        "-o",
-        out.to_str().unwrap(),
-        snap.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let ev = only_events(&out);
+    let ev = exported_events(&snap);
     let kinds = strs(&ev, "kind");
     let at = kinds
         .iter()
@@ -599,17 +599,7 @@ fn each_mark_puts_its_figures_in_the_columns_that_name_them() {
         drop(h);
         rec.finish().unwrap();
     }
-    let out = scratch::dir();
-    let (code, err) = poolsight(&[
-        "export",
-        "--format",
-        "parquet",
-        "-o",
-        out.to_str().unwrap(),
-        path.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
-    let ev = only_events(&out);
+    let ev = exported_events(&path);
     let kinds = strs(&ev, "kind");
     let at = kinds
         .iter()
