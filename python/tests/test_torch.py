@@ -496,3 +496,20 @@ def test_tensors_without_a_plain_storage_do_not_stop_the_training(trace):
     assert dense.shape == (4, 4) and values.shape == (3,) and x.grad is not None
     info = report_json("info", trace)
     assert info["events"]["malloc_post"] > 10
+
+
+def test_an_operator_that_raises_keeps_its_error_and_is_not_a_call(trace):
+    """The native path hands the operator's own exception back unchanged; the operator's scope
+    is closed as aborted (no row, no occurrence), and what follows records as usual."""
+    a, b = torch.randn(3, 4), torch.randn(5, 6)
+    with pytest.raises(RuntimeError) as plain:
+        torch.mm(a, b)
+    model = MLP()
+    with poolsight.record(trace), pst.track(model), pst.hook(model):
+        with pytest.raises(RuntimeError) as recorded:
+            torch.mm(a, b)
+        ok = torch.mm(a, torch.randn(4, 2))
+    assert str(recorded.value) == str(plain.value)
+    assert ok.shape == (3, 2)
+    rows = {r["name"]: r["occurrence"] for r in report_json("functions", trace)["functions"]}
+    assert rows.get("aten::mm") == 1, rows
