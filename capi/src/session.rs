@@ -266,6 +266,21 @@ impl Session {
         }
     }
 
+    /// A block observed in another allocator, which has no pool of poolsight's: its
+    /// `MallocPost` and `AllocPost` (`bytes` at `ptr`, under `stack`), each block its own
+    /// device allocation.
+    pub fn observed(&self, device: u32, ptr: u64, bytes: u64, stack: u32) {
+        self.mem_event(MemKind::MallocPost, device, 0, ptr, bytes, stack, 0);
+        self.mem_event(MemKind::AllocPost, device, 0, ptr, bytes, stack, 0);
+    }
+
+    /// An observed block went back: its `FreePost` and `Release`. After `finish`, dropped
+    /// without a word (see [`Session::mem_event`]).
+    pub fn observed_free(&self, device: u32, ptr: u64, bytes: u64) {
+        self.mem_event(MemKind::FreePost, device, 0, ptr, bytes, 0, 0);
+        self.mem_event(MemKind::Release, device, 0, ptr, bytes, 0, 0);
+    }
+
     /// Records one memory event seen by an observer of another allocator. Once the recording
     /// is finished, a late free or release (a tensor collected after the recording ended) is
     /// dropped without a word; anything else is counted as dropped.

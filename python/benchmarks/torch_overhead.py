@@ -19,7 +19,8 @@ it stops: those costs are once per run, printed on their own):
   floor of ``track()`` and ``hook()``.
 
 CPU time is the process's (every thread); ``thread s`` is the training thread's alone (the rest
-is the recorder's background thread, which faults the trace's pages in ahead of the writers).
+is other threads', the recorder's, which faults the trace's pages in ahead of the writers,
+among them).
 
     python python/benchmarks/torch_overhead.py [--repeats 7] [--steps 12] [--profile]
 

@@ -48,8 +48,7 @@ __all__ = [
 #: as activations. (The native module, which gives them, keeps the one list.)
 CATEGORIES: tuple[str, ...] = tuple(_native.TORCH_CATEGORIES)
 
-_KIND_FUNCTION, _KIND_LINK, _KIND_SCOPE = _native.FUNCTION, _native.LINK, _native.SCOPE
-_PHASE_FORWARD, _PHASE_BACKWARD = _native.FORWARD, _native.BACKWARD
+_KIND_LINK, _KIND_SCOPE = _native.LINK, _native.SCOPE
 
 
 def _in_backward() -> bool:
@@ -258,8 +257,11 @@ class _State:
     pass), one set of process-wide module and optimizer hooks, and where calls come from.
 
     What every operator reads is kept in the native ``hot`` (``_native.TorchState``), whose
-    ``dispatch`` is the mode's ``__torch_dispatch__``: the counts of users below, the flags of
-    where the step is, module forwards open per thread, and the storages ``track()`` saw."""
+    ``dispatch`` is the mode's ``__torch_dispatch__``: the users of operator scopes
+    (``hot.ops``) and of the user's line (``hot.user_lines``), where the step is
+    (``hot.steps_open``, ``hot.step_forward``: a module's forward ran inside the open optimizer
+    step, a closure as Lightning's; ``hot.backward_ran``: a backward ran since the last forward
+    pass began), module forwards open per thread, and the storages ``track()`` saw."""
 
     def __init__(self, rec: Recording):
         self.rec = rec
@@ -291,43 +293,6 @@ class _State:
             rec.stacks == "python",
             rec.max_depth or 0,
         )
-
-    # The counts and flags the native path reads.
-    @property
-    def ops(self) -> int:
-        """``hook(functions=True)`` users: operators get scopes."""
-        return self.hot.ops
-
-    @ops.setter
-    def ops(self, value: int) -> None:
-        self.hot.ops = value
-
-    @property
-    def user_lines(self) -> int:
-        """Users that want the user's line above modules and operators."""
-        return self.hot.user_lines
-
-    @user_lines.setter
-    def user_lines(self, value: int) -> None:
-        self.hot.user_lines = value
-
-    @property
-    def backward_ran(self) -> bool:
-        """A backward ran since the last forward pass began."""
-        return self.hot.backward_ran
-
-    @backward_ran.setter
-    def backward_ran(self, value: bool) -> None:
-        self.hot.backward_ran = value
-
-    @property
-    def step_forward(self) -> bool:
-        """A module's forward ran inside the open optimizer step (a closure, as Lightning's)."""
-        return self.hot.step_forward
-
-    @step_forward.setter
-    def step_forward(self, value: bool) -> None:
-        self.hot.step_forward = value
 
     @staticmethod
     def of(rec: Recording) -> _State:
@@ -368,7 +333,7 @@ class _State:
         name = _module_name(module, path)
         file, line = self.sites.link_site(module)
         native, calls, local = self.native, self.calls, self.local
-        spans = self.spans
+        spans, hot = self.spans, self.hot
         state = self
 
         # PyTorch calls both hooks from Module._call_impl: the frame that makes the call.
@@ -379,9 +344,9 @@ class _State:
             parent = state.user_parent(frame)
             calls.enter(native, frame, _KIND_LINK, name, 0, file, line, parent)
             if not _in_backward():
-                if len(calls.calls) == 1 and state.backward_ran:
+                if len(calls.calls) == 1 and hot.backward_ran:
                     # A new forward pass after a backward: the old spans are done with.
-                    state.backward_ran = False
+                    hot.backward_ran = False
                     spans.clear()
                 local.starts.append(_next_node())
 
@@ -405,12 +370,12 @@ class _State:
         """The stack a call made from ``frame`` opens under when it should begin with the
         user's line (None: under the open scopes): when no hooked call is open, or only
         optimizer steps, called from another line (Lightning's closure: training_step)."""
-        if not self.user_lines:
+        if not self.hot.user_lines:
             return parent
         calls = self.calls.calls
         skip = None
         if calls:
-            if not self.step_forward:
+            if not self.hot.step_forward:
                 # Inside a module call, or an optimizer's own step: its operators come from
                 # the line that called the step.
                 return parent
@@ -502,7 +467,7 @@ class _State:
         calls.settle(native, frame)
         if not calls.calls:
             self.steps.clear()
-            self.step_forward = False
+            self.hot.step_forward = False
         parent = self.user_parent(frame)
         calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
         token = calls.calls[-1][1]
@@ -583,8 +548,8 @@ def hook(
         )
     taken = state.acquire_modules(model) if links else []
     state.hooked.add(id(model))
-    state.ops += bool(functions)
-    state.user_lines += bool(user_line)
+    state.hot.ops += bool(functions)
+    state.hot.user_lines += bool(user_line)
     try:
         state.enter_globals()
         try:
@@ -594,8 +559,8 @@ def hook(
         finally:
             state.exit_globals()
     finally:
-        state.ops -= bool(functions)
-        state.user_lines -= bool(user_line)
+        state.hot.ops -= bool(functions)
+        state.hot.user_lines -= bool(user_line)
         state.hooked.discard(id(model))
         state.release_modules(taken)
 
@@ -652,11 +617,11 @@ class _Tracker:
         instant, with the same stack, so live bytes never double."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"track_tensor() needs a torch.Tensor, not {type(t).__name__}")
-        self._hot.track(t, category, bool(relabel), 1)
+        self._hot.track(t, category, bool(relabel))
 
     def _track(self, t: torch.Tensor, category: str) -> None:
         # Relabelled: a parameter, buffer, gradient or optimizer state seen as such.
-        self._hot.track(t, category, True, 2)
+        self._hot.track(t, category, True)
 
     # -- what the hooks tell ----------------------------------------------------------------------
 
@@ -761,7 +726,7 @@ def track(
         state.release_modules(taken)
         raise
     state.tracker = tracker
-    state.user_lines += bool(user_line)
+    state.hot.user_lines += bool(user_line)
     try:
         state.enter_globals()
         try:
@@ -770,7 +735,7 @@ def track(
         finally:
             state.exit_globals()
     finally:
-        state.user_lines -= bool(user_line)
+        state.hot.user_lines -= bool(user_line)
         state.tracker = None
         state.hot.tracker_ends()
         tracker.remove()

@@ -205,19 +205,7 @@ impl Recorder {
     /// ``MALLOC_POST`` and ``ALLOC_POST`` (``size`` bytes at ``ptr``) in one call.
     #[pyo3(signature = (size, ptr, stack, device=0))]
     fn observed(&self, size: u64, ptr: u64, stack: u32, device: u32) {
-        self.session
-            .mem_event(MemKind::MallocPost, device, 0, ptr, size, stack, 0);
-        self.session
-            .mem_event(MemKind::AllocPost, device, 0, ptr, size, stack, 0);
-    }
-
-    /// ``observed`` under the stack ``base`` plus the label ``category`` (``category_stack``):
-    /// one call per tensor storage for ``poolsight.torch.track``.
-    #[pyo3(signature = (size, ptr, base, category, device=0))]
-    fn observed_under(&self, size: u64, ptr: u64, base: u32, category: &str, device: u32) -> u32 {
-        let stack = self.session.push_label(base, category);
-        self.observed(size, ptr, stack, device);
-        stack
+        self.session.observed(device, ptr, size, stack);
     }
 
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
@@ -260,11 +248,6 @@ impl Recorder {
         Ok(())
     }
 
-    /// ``base`` plus a label frame (a memory category such as ``activation``).
-    fn category_stack(&self, base: u32, category: &str) -> u32 {
-        self.session.push_label(base, category)
-    }
-
     /// Records a memory event observed in another allocator: ``kind`` as in the trace format
     /// (1 malloc, 3 device alloc, 5 free; see MemKind), ``size`` bytes at ``ptr``.
     #[pyo3(signature = (kind, size, ptr=0, stack=0, device=0, stream=0))]
@@ -289,10 +272,7 @@ impl Recorder {
     /// finalizers, possibly after the recording finished.
     #[pyo3(signature = (size, ptr, device=0))]
     fn freed(&self, size: u64, ptr: u64, device: u32) {
-        self.session
-            .mem_event(MemKind::FreePost, device, 0, ptr, size, 0, 0);
-        self.session
-            .mem_event(MemKind::Release, device, 0, ptr, size, 0, 0);
+        self.session.observed_free(device, ptr, size);
     }
 
     /// A context manager opening one scope per ``with``.

@@ -23,7 +23,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple, PyWeakrefReference};
 use pyo3::{PyTraverseError, PyVisit};
 
-use poolsight_recorder::{DeviceInfo, DeviceKind, MemKind, Phase, ScopeKind};
+use poolsight_recorder::{DeviceInfo, DeviceKind, Phase, ScopeKind};
 
 use crate::autograd::Spans;
 use crate::{Map, Recorder};
@@ -101,16 +101,21 @@ struct Storages {
 }
 
 /// Module forwards open on one thread (any module), and those run again inside backward
-/// (activation checkpointing's recomputation), per `TorchState` (by its address).
-#[derive(Default, Clone, Copy)]
+/// (activation checkpointing's recomputation), per `TorchState` (by its `id`). A thread holds
+/// an entry only while one of them is open, so the list stays as short as the recordings
+/// with a forward open on it.
+#[derive(Default, Clone, Copy, PartialEq)]
 struct Local {
     forward: u32,
     recompute: u32,
 }
 
 thread_local! {
-    static LOCALS: RefCell<Vec<(usize, Local)>> = const { RefCell::new(Vec::new()) };
+    static LOCALS: RefCell<Vec<(u64, Local)>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The next `TorchState::id`: never reused, unlike an address.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The Python objects the path calls, looked up once.
 struct Calls {
@@ -128,6 +133,8 @@ struct Calls {
 /// One recording's PyTorch state that every operator reads: see the module's comment.
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct TorchState {
+    /// Its key in each thread's `LOCALS`.
+    id: u64,
     recorder: Py<Recorder>,
     /// The Python `_State`, for the rare cases.
     state: Py<PyAny>,
@@ -167,11 +174,6 @@ pub struct Gone {
     storages: Arc<Mutex<Storages>>,
 }
 
-fn freed(session: &poolsight_capi::Session, bytes: u64, ptr: u64, device: u32) {
-    session.mem_event(MemKind::FreePost, device, 0, ptr, bytes, 0, 0);
-    session.mem_event(MemKind::Release, device, 0, ptr, bytes, 0, 0);
-}
-
 #[pymethods]
 impl Gone {
     fn __call__(&self, weakref: &Bound<'_, PyAny>) {
@@ -183,7 +185,8 @@ impl Gone {
                 .and_then(|key| storages.seen.remove(&key))
         };
         if let Some(seen) = entry {
-            freed(&self.session, seen.bytes, seen.ptr, seen.device);
+            self.session
+                .observed_free(seen.device, seen.ptr, seen.bytes);
         }
     }
 }
@@ -193,33 +196,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl TorchState {
-    fn key(&self) -> usize {
-        self as *const Self as usize
-    }
-
     fn local(&self) -> Local {
-        let key = self.key();
         LOCALS.with(|l| {
             l.borrow()
                 .iter()
-                .find(|(k, _)| *k == key)
+                .find(|(k, _)| *k == self.id)
                 .map(|(_, v)| *v)
                 .unwrap_or_default()
         })
     }
 
     fn update_local(&self, f: impl FnOnce(&mut Local)) {
-        let key = self.key();
         LOCALS.with(|l| {
             let mut l = l.borrow_mut();
-            let i = match l.iter().position(|(k, _)| *k == key) {
+            let i = match l.iter().position(|(k, _)| *k == self.id) {
                 Some(i) => i,
                 None => {
-                    l.push((key, Local::default()));
+                    l.push((self.id, Local::default()));
                     l.len() - 1
                 }
             };
             f(&mut l[i].1);
+            if l[i].1 == Local::default() {
+                l.swap_remove(i);
+            }
         });
     }
 
@@ -284,12 +284,13 @@ impl TorchState {
         Ok(self.spans.get().find(seq))
     }
 
-    /// `_Tracker._base`: the stack an allocation made now hangs under (before its category);
-    /// `skip` Python frames are the integration's own (for `stacks="python"`).
-    fn base(&self, py: Python<'_>, in_backward: bool, skip: u32) -> PyResult<u32> {
+    /// `_Tracker._base`: the stack an allocation made now hangs under (before its category).
+    /// A `stacks="python"` stack starts at the innermost Python frame, the operator's caller
+    /// or a hook of poolsight's (whose own frames a Python stack leaves out).
+    fn base(&self, py: Python<'_>, in_backward: bool) -> PyResult<u32> {
         let session = self.session();
         if self.python_stacks {
-            return self.recorder.get().python_stack(py, self.max_depth, skip);
+            return self.recorder.get().python_stack(py, self.max_depth, 0);
         }
         let ops = self.ops.load(Relaxed) > 0;
         if in_backward {
@@ -321,17 +322,22 @@ impl TorchState {
             };
         }
         if step.in_optimizer > 0 {
+            // A closure (Lightning runs training_step inside optimizer.step): its forward and
+            // loss are activations, its backward above; what comes after is the update.
             if local.forward > 0 || (step.forward_seen && !step.backward_seen) {
                 step.forward_seen = true;
                 return ACTIVATION;
             }
+            // What the step keeps is relabelled when it ends; the rest was temporary.
             return TEMPORARY;
         }
         if step.backward_seen {
+            // The first storage after a backward: a new step (or micro-batch) begins.
             step.backward_seen = false;
             step.forward_seen = local.forward > 0;
         }
         if view {
+            // A view's storage not seen before existed before tracking began: data.
             return INPUT;
         }
         if step.forward_seen || local.forward > 0 {
@@ -356,15 +362,10 @@ impl TorchState {
         stack
     }
 
+    /// A block under `base` and its category's label.
     fn observed(&self, bytes: u64, ptr: u64, base: u32, category: u8, device: u32) {
         let stack = self.labelled(base, category);
-        let s = self.session();
-        s.mem_event(MemKind::MallocPost, device, 0, ptr, bytes, stack, 0);
-        s.mem_event(MemKind::AllocPost, device, 0, ptr, bytes, stack, 0);
-    }
-
-    fn freed(&self, bytes: u64, ptr: u64, device: u32) {
-        freed(self.session(), bytes, ptr, device);
+        self.session().observed(device, ptr, bytes, stack);
     }
 
     /// The trace's device of tensor `t` (numbered as first seen, defined then).
@@ -491,8 +492,7 @@ impl TorchState {
             let b = match base {
                 Some(b) => b,
                 None => {
-                    // The operator's caller: no Python frame of ours is between.
-                    let b = this.base(py, in_backward, 0)?;
+                    let b = this.base(py, in_backward)?;
                     base = Some(b);
                     b
                 }
@@ -578,6 +578,7 @@ impl TorchState {
             },
         )?;
         Ok(TorchState {
+            id: NEXT_ID.fetch_add(1, Relaxed),
             recorder,
             state,
             open_calls,
@@ -694,15 +695,12 @@ impl TorchState {
     }
 
     /// Records `t`'s storage once under `category` (see `_Tracker.track_tensor`); `relabel`
-    /// moves a storage seen under another category to this one. `skip`: the caller's own
-    /// Python frames, left out of a `stacks="python"` stack.
-    #[pyo3(signature = (t, category, relabel, skip=0))]
+    /// moves a storage seen under another category to this one.
     fn track(
         slf: &Bound<'_, Self>,
         t: &Bound<'_, PyAny>,
         category: &str,
         relabel: bool,
-        skip: u32,
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
@@ -727,13 +725,13 @@ impl TorchState {
         match relabelled {
             // Moved from its old category to this one at the same instant, same stack.
             Some((bytes, ptr, device, base)) => {
-                this.freed(bytes, ptr, device);
+                this.session().observed_free(device, ptr, bytes);
                 this.observed(bytes, ptr, base, category, device);
                 Ok(())
             }
             None => {
                 let in_backward = this.in_backward(py)?;
-                let base = this.base(py, in_backward, skip)?;
+                let base = this.base(py, in_backward)?;
                 Self::record_new(slf, t, &st, key, category, base, base)
             }
         }
@@ -762,7 +760,7 @@ impl TorchState {
         Ok(())
     }
 
-    /// A `track()` begins: the step starts afresh and `recorded` counts from here.
+    /// A `track()` begins: the step starts afresh.
     fn tracker_begins(&self) {
         *lock(&self.step) = Step::default();
         self.tracking.store(true, Relaxed);
@@ -793,12 +791,6 @@ impl TorchState {
     #[getter]
     fn recorded(&self) -> u64 {
         self.recorded.load(Relaxed)
-    }
-
-    /// Storages recorded and not freed yet.
-    #[getter]
-    fn live(&self) -> usize {
-        lock(&self.storages).seen.len()
     }
 
     #[getter]

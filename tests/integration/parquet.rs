@@ -10,9 +10,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use arrow_array::types::Int8Type;
+use arrow_array::types::{Int32Type, Int64Type, Int8Type};
 use arrow_array::{
-    Array, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    Array, ArrowPrimitiveType, BooleanArray, DictionaryArray, PrimitiveArray, RecordBatch,
+    StringArray,
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use poolsight::analyzer::export::dataset::{self, ExportOptions, Tables};
@@ -58,12 +59,20 @@ fn read(path: &Path) -> RecordBatch {
         .unwrap_or_else(|| RecordBatch::new_empty(schema))
 }
 
-fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i64>> {
+/// A column of numbers of type `T`, nulls as None.
+fn numbers<T: ArrowPrimitiveType>(b: &RecordBatch, name: &str) -> Vec<Option<T::Native>> {
     let c = b
         .column_by_name(name)
         .unwrap_or_else(|| panic!("no column {name}"));
-    let a = c.as_any().downcast_ref::<Int64Array>().expect("Int64");
+    let a = c
+        .as_any()
+        .downcast_ref::<PrimitiveArray<T>>()
+        .unwrap_or_else(|| panic!("{name}: not {:?}", T::DATA_TYPE));
     a.iter().collect()
+}
+
+fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i64>> {
+    numbers::<Int64Type>(b, name)
 }
 
 fn int(b: &RecordBatch, name: &str) -> Vec<i64> {
@@ -319,12 +328,10 @@ fn the_rows_reproduce_functions_epochs_and_the_peak_of_every_rank() {
             [pool.peak_used_bytes as i64]
         );
         assert_eq!(bools(&r.runs, "finished"), [expected_info.finished]);
-        let version = r.runs.column_by_name("schema_version").expect("version");
-        let version = version
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .expect("Int32");
-        assert_eq!(version.value(0), dataset::SCHEMA_VERSION as i32);
+        assert_eq!(
+            numbers::<Int32Type>(&r.runs, "schema_version"),
+            [Some(dataset::SCHEMA_VERSION as i32)]
+        );
         assert_eq!(
             strs(&r.functions, "name"),
             expected_functions
@@ -564,14 +571,6 @@ fn exported_events(trace: &Path) -> RecordBatch {
     read(&parts[0])
 }
 
-fn int32s(b: &RecordBatch, name: &str) -> Vec<Option<i32>> {
-    let c = b
-        .column_by_name(name)
-        .unwrap_or_else(|| panic!("no column {name}"));
-    let a = c.as_any().downcast_ref::<Int32Array>().expect("Int32");
-    a.iter().collect()
-}
-
 #[test]
 fn each_mark_puts_its_figures_in_the_columns_that_name_them() {
     // An imported snapshot's out-of-memory: the device's free bytes (1 MiB in make.py) are
@@ -584,7 +583,7 @@ fn each_mark_puts_its_figures_in_the_columns_that_name_them() {
         .position(|k| k == "device_free")
         .expect("a device_free row");
     assert_eq!(ints(&ev, "bytes")[at], Some(1 << 20));
-    assert_eq!(int32s(&ev, "device")[at], Some(0));
+    assert_eq!(numbers::<Int32Type>(&ev, "device")[at], Some(0));
     assert_eq!(ints(&ev, "cpu_bytes")[at], None);
 
     // A call that raised: its row carries the call's stack and how long it ran.
