@@ -157,6 +157,31 @@ impl Session {
         }
     }
 
+    /// [`Handle::scope_stack`]: the stack [`Session::enter_under`] would open, without opening
+    /// it (0 after `finish`).
+    pub fn scope_stack(
+        &self,
+        parent: u32,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> u32 {
+        match self.live() {
+            Some(h) => h.scope_stack(parent, kind, name, phase, file, line),
+            None => 0,
+        }
+    }
+
+    /// Opens the scope of a stack [`Session::scope_stack`] gave (see [`Handle::enter_stack`]).
+    pub fn enter_stack(&self, stack: u32) -> ScopeToken {
+        match self.live() {
+            Some(h) => h.enter_stack(stack),
+            None => ScopeToken::from_words([0; 5]),
+        }
+    }
+
     /// Closes a scope opened by [`Session::enter`] on this thread. Refuses a token that is not
     /// an open scope of this thread (wrong use), also after `finish`.
     pub fn exit(&self, token: ScopeToken) -> Result<(), SessionError> {

@@ -619,10 +619,6 @@ class _Tracker:
             raise TypeError(f"track_tensor() needs a torch.Tensor, not {type(t).__name__}")
         self._hot.track(t, category, bool(relabel))
 
-    def _track(self, t: torch.Tensor, category: str) -> None:
-        # Relabelled: a parameter, buffer, gradient or optimizer state seen as such.
-        self._hot.track(t, category, True)
-
     # -- what the hooks tell ----------------------------------------------------------------------
 
     def saw_module(self, module: torch.nn.Module) -> None:
@@ -632,26 +628,23 @@ class _Tracker:
             return
         seen = self._modules_seen
         seen[key] = weakref.ref(module, lambda _r, key=key: seen.pop(key, None))
-        for p in module.parameters(recurse=False):
-            self._track(p, "parameter")
-            if p.grad is not None:
-                self._track(p.grad, "gradient")
+        params = list(module.parameters(recurse=False))
+        self._parameters(params)
+        # Each gradient relabelled as it is accumulated (natively).
+        gradient = self._hot.gradient
+        for p in params:
             if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._gradient))
-        for b in module.buffers(recurse=False):
-            self._track(b, "buffer")
+                self._handles.append(p.register_post_accumulate_grad_hook(gradient))
+        self._hot.relabel_all(module.buffers(recurse=False), "buffer")
 
-    def _gradient(self, p: torch.Tensor) -> None:
-        if p.grad is not None:
-            self._track(p.grad, "gradient")
+    def _parameters(self, params: list) -> None:
+        # Relabelled (natively, in one call each): a parameter and its gradient seen as such.
+        self._hot.relabel_all(params, "parameter")
+        self._hot.relabel_all([p.grad for p in params], "gradient")
 
     def optimizer_begins(self, opt: Any) -> None:
         self._hot.optimizer_begins()
-        for group in opt.param_groups:
-            for p in group["params"]:
-                self._track(p, "parameter")
-                if p.grad is not None:
-                    self._track(p.grad, "gradient")
+        self._parameters([p for group in opt.param_groups for p in group["params"]])
 
     def optimizer_ends(self, opt: Any) -> None:
         self._hot.optimizer_ends()
@@ -659,10 +652,9 @@ class _Tracker:
         self._optimizer_tensors(opt)
 
     def _optimizer_tensors(self, opt: Any) -> None:
-        for state in opt.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    self._track(v, "optimizer_state")
+        self._hot.relabel_all(
+            [v for state in opt.state.values() for v in state.values()], "optimizer_state"
+        )
 
     def remove(self) -> None:
         if self._last is None:

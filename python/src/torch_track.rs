@@ -38,6 +38,7 @@ const CATEGORIES: [&str; 7] = [
     "temporary",
     "input",
 ];
+const GRADIENT: u8 = 2;
 const ACTIVATION: u8 = 3;
 const TEMPORARY: u8 = 5;
 const INPUT: u8 = 6;
@@ -66,6 +67,23 @@ struct OpInfo {
     scoped: bool,
     /// Keeps the operator, whose address is the key, alive.
     _func: Py<PyAny>,
+    /// Its scope's stack under a parent stack, forward or backward (interned once each).
+    stacks: Mutex<Map<(u32, bool), u32>>,
+}
+
+impl OpInfo {
+    /// The stack of this operator's scope under `parent` in `phase`.
+    fn stack(&self, session: &poolsight_capi::Session, parent: u32, phase: Phase) -> u32 {
+        let key = (parent, phase == Phase::Backward);
+        if let Some(&stack) = lock(&self.stacks).get(&key) {
+            return stack;
+        }
+        let stack = session.scope_stack(parent, ScopeKind::Function, &self.name, phase, "", 0);
+        if stack != 0 {
+            lock(&self.stacks).insert(key, stack);
+        }
+        stack
+    }
 }
 
 /// A storage recorded and not yet freed.
@@ -252,6 +270,7 @@ impl TorchState {
             view,
             scoped,
             _func: func.clone().unbind(),
+            stacks: Mutex::new(Map::default()),
         });
         lock(&self.op_infos).insert(key, info.clone());
         Ok(info)
@@ -422,22 +441,31 @@ impl TorchState {
         lock(&self.storages).seen.contains_key(&key)
     }
 
-    /// Records storage `st` (of tensor `t`, key `key`) not seen before under `base` and its
-    /// category; `outer` is where a relabelling puts it.
-    #[allow(clippy::too_many_arguments)]
+    /// Storage `st`'s size and address, or None for one that holds no memory (a meta
+    /// tensor's, an empty one's: address 0), which is not recorded.
+    fn block(py: Python<'_>, st: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+        let ptr: u64 = st.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        if ptr == 0 {
+            return Ok(None);
+        }
+        let bytes: u64 = st.call_method0(intern!(py, "nbytes"))?.extract()?;
+        Ok(Some((bytes, ptr)))
+    }
+
+    /// Records storage `st` (of tensor `t`; its `(bytes, ptr, key)` from `block` and
+    /// `storage`) not seen before under `base` and its category; `outer` is where a
+    /// relabelling puts it.
     fn record_new(
         slf: &Bound<'_, Self>,
         t: &Bound<'_, PyAny>,
         st: &Bound<'_, PyAny>,
-        key: u64,
+        (bytes, ptr, key): (u64, u64, u64),
         category: u8,
         base: u32,
         outer: u32,
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
-        let bytes: u64 = st.call_method0(intern!(py, "nbytes"))?.extract()?;
-        let ptr: u64 = st.call_method0(intern!(py, "data_ptr"))?.extract()?;
         let device = this.device(py, t)?;
         this.observed(bytes, ptr, base, category, device);
         this.recorded.fetch_add(1, Relaxed);
@@ -459,6 +487,47 @@ impl TorchState {
         Ok(())
     }
 
+    /// `track`, the category parsed.
+    fn track_one(
+        slf: &Bound<'_, Self>,
+        t: &Bound<'_, PyAny>,
+        category: u8,
+        relabel: bool,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let this = slf.get();
+        let Some((st, key)) = Self::storage(py, t)? else {
+            return Ok(());
+        };
+        let relabelled = {
+            let mut storages = lock(&this.storages);
+            match storages.seen.get_mut(&key) {
+                None => None,
+                Some(seen) if !relabel || seen.category == category => return Ok(()),
+                Some(seen) => {
+                    seen.category = category;
+                    Some((seen.bytes, seen.ptr, seen.device, seen.base))
+                }
+            }
+        };
+        match relabelled {
+            // Moved from its old category to this one at the same instant, same stack.
+            Some((bytes, ptr, device, base)) => {
+                this.session().observed_free(device, ptr, bytes);
+                this.observed(bytes, ptr, base, category, device);
+                Ok(())
+            }
+            None => {
+                let Some((bytes, ptr)) = Self::block(py, &st)? else {
+                    return Ok(());
+                };
+                let in_backward = this.in_backward(py)?;
+                let base = this.base(py, in_backward)?;
+                Self::record_new(slf, t, &st, (bytes, ptr, key), category, base, base)
+            }
+        }
+    }
+
     /// Records the storages of an operator's outputs not seen before, under `base` (None:
     /// where the program is); `outer` is the stack the operator's scope opened under, where a
     /// storage relabelled later goes.
@@ -478,9 +547,12 @@ impl TorchState {
             let Some((st, key)) = Self::storage(py, t)? else {
                 return Ok(());
             };
-            if this.is_seen(key) || t.getattr(intern!(py, "is_meta"))?.is_truthy()? {
+            if this.is_seen(key) {
                 return Ok(());
             }
+            let Some((bytes, ptr)) = Self::block(py, &st)? else {
+                return Ok(());
+            };
             let cat = match category {
                 Some(c) => c,
                 None => {
@@ -497,7 +569,8 @@ impl TorchState {
                     b
                 }
             };
-            Self::record_new(slf, t, &st, key, cat, b, outer.unwrap_or(b))
+            let block = (bytes, ptr, key);
+            Self::record_new(slf, t, &st, block, cat, b, outer.unwrap_or(b))
         };
         if out.is_instance(tensor)? {
             return each(out);
@@ -666,7 +739,7 @@ impl TorchState {
             };
             (Phase::Forward, parent)
         };
-        let token = session.enter_under(parent, ScopeKind::Function, &info.name, phase, "", 0);
+        let token = session.enter_stack(info.stack(session, parent, phase));
         let out = func.call(args, kwargs).and_then(|out| {
             // With track() on too, the outputs are recorded while the op's scope is open.
             if tracking {
@@ -702,39 +775,36 @@ impl TorchState {
         category: &str,
         relabel: bool,
     ) -> PyResult<()> {
-        let py = slf.py();
-        let this = slf.get();
+        Self::track_one(slf, t, category_of(category)?, relabel)
+    }
+
+    /// `track(t, category, relabel=True)` of each tensor of `tensors` (an iterable; what is
+    /// not a tensor is passed over): the parameters, gradients and optimizer state the hooks
+    /// see at every step, in one call.
+    fn relabel_all(
+        slf: &Bound<'_, Self>,
+        tensors: &Bound<'_, PyAny>,
+        category: &str,
+    ) -> PyResult<()> {
         let category = category_of(category)?;
-        if t.getattr(intern!(py, "is_meta"))?.is_truthy()? {
-            return Ok(());
-        }
-        let Some((st, key)) = Self::storage(py, t)? else {
-            return Ok(());
-        };
-        let relabelled = {
-            let mut storages = lock(&this.storages);
-            match storages.seen.get_mut(&key) {
-                None => None,
-                Some(seen) if !relabel || seen.category == category => return Ok(()),
-                Some(seen) => {
-                    seen.category = category;
-                    Some((seen.bytes, seen.ptr, seen.device, seen.base))
-                }
-            }
-        };
-        match relabelled {
-            // Moved from its old category to this one at the same instant, same stack.
-            Some((bytes, ptr, device, base)) => {
-                this.session().observed_free(device, ptr, bytes);
-                this.observed(bytes, ptr, base, category, device);
-                Ok(())
-            }
-            None => {
-                let in_backward = this.in_backward(py)?;
-                let base = this.base(py, in_backward)?;
-                Self::record_new(slf, t, &st, key, category, base, base)
+        let tensor = slf.get().calls.tensor.bind(slf.py()).clone();
+        for t in tensors.try_iter()? {
+            let t = t?;
+            if t.is_instance(&tensor)? {
+                Self::track_one(slf, &t, category, true)?;
             }
         }
+        Ok(())
+    }
+
+    /// A parameter's post-accumulate-grad hook (`Tensor.register_post_accumulate_grad_hook`):
+    /// its gradient is relabelled as such.
+    fn gradient(slf: &Bound<'_, Self>, p: &Bound<'_, PyAny>) -> PyResult<()> {
+        let grad = p.getattr(intern!(slf.py(), "grad"))?;
+        if grad.is_none() {
+            return Ok(());
+        }
+        Self::track_one(slf, &grad, GRADIENT, true)
     }
 
     /// A module's forward begins (any module): counted as a forward, or as a recomputation

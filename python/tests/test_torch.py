@@ -498,6 +498,20 @@ def test_tensors_without_a_plain_storage_do_not_stop_the_training(trace):
     assert info["events"]["malloc_post"] > 10
 
 
+def test_storages_that_hold_no_memory_are_not_recorded(trace):
+    """A meta tensor's storage and an empty one have no address and no memory: no allocation,
+    whether an operator made them or the user tracks them."""
+    with poolsight.record(trace), pst.track() as tracker:
+        torch.empty(3, device="meta") * 2
+        torch.empty(0) + 1
+        tracker.track_tensor(torch.empty(2, device="meta"), "input")
+        assert tracker.recorded == 0
+        kept = torch.ones(3) + 1
+        assert tracker.recorded == 2  # ones, and the sum
+    assert kept.sum().item() == 6
+    assert report_json("info", trace)["events"]["malloc_post"] == 2
+
+
 def test_an_operator_that_raises_keeps_its_error_and_is_not_a_call(trace):
     """The native path hands the operator's own exception back unchanged; the operator's scope
     is closed as aborted (no row, no occurrence), and what follows records as usual."""

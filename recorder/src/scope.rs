@@ -732,6 +732,38 @@ impl Handle {
         started(token)
     }
 
+    /// The stack of the scope [`Handle::enter_under`] would open with these arguments, interned
+    /// on first sight, without opening it: a binding that opens the same scope under the same
+    /// parent many times (an operator in a module) keeps the id and opens it with
+    /// [`Handle::enter_stack`], skipping the name's hash and compare (0 after the recorder is
+    /// closed on this thread).
+    pub fn scope_stack(
+        &self,
+        parent: u32,
+        kind: ScopeKind,
+        name: &str,
+        phase: Phase,
+        file: &str,
+        line: u32,
+    ) -> u32 {
+        with_context(self, |cx| {
+            cx.foreign_scope(self, parent, kind.into(), phase, name, file, line)
+        })
+        .unwrap_or(0)
+    }
+
+    /// Opens on this thread the scope whose stack is `stack`, an id [`Handle::scope_stack`]
+    /// gave (of this recorder); it nests and closes as [`Handle::enter_under`]'s does. Stack 0
+    /// opens nothing.
+    #[inline]
+    pub fn enter_stack(&self, stack: u32) -> ScopeToken {
+        if stack == 0 {
+            return started(None);
+        }
+        let id = self.id();
+        started(with_context(self, |cx| cx.push(id, stack)))
+    }
+
     /// Closes a scope opened by [`Handle::enter`] and records it. Closing out of order behaves
     /// as guards do (see the module documentation).
     ///

@@ -71,6 +71,55 @@ fn tokens_nest_and_record_what_guards_record() {
 }
 
 #[test]
+fn a_scope_stack_kept_opens_the_scope_enter_under_opens() {
+    let rec = recorder("foreign-scope-stack");
+    let h = rec.handle();
+    let link = h.enter(ScopeKind::Link, "Net", Phase::None, "model.py", 3);
+    h.exit(link).expect("exit link");
+    // Under a stack no longer open (a backward operator under the module that made it).
+    let kept = h.scope_stack(
+        link.stack(),
+        ScopeKind::Function,
+        "aten::mm",
+        Phase::Backward,
+        "",
+        0,
+    );
+    assert_eq!(h.current_stack(), 0, "scope_stack opens nothing");
+    let under = h.enter_under(
+        link.stack(),
+        ScopeKind::Function,
+        "aten::mm",
+        Phase::Backward,
+        "",
+        0,
+    );
+    assert_eq!(under.stack(), kept, "the same scope, the same stack");
+    h.exit(under).expect("exit enter_under's");
+    let op = h.enter_stack(kept);
+    assert_eq!(h.current_stack(), kept);
+    let inner = h.scope("inside");
+    let inside = inner.stack();
+    drop(inner);
+    h.exit(op).expect("exit enter_stack's");
+    assert_eq!(h.current_stack(), 0);
+    assert_eq!(h.enter_stack(0).stack(), 0, "stack 0 opens nothing");
+    let path = h.path();
+    rec.finish().expect("finish");
+
+    let t = Trace::read(&path);
+    assert_eq!(t.names(kept), ["Net", "aten::mm"]);
+    assert_eq!(t.parent(inside), kept, "what opens inside nests under it");
+    let frame = t.frame(kept);
+    assert_eq!(
+        (frame.kind, frame.phase),
+        (fb::FrameKind::Function, fb::Phase::Backward)
+    );
+    let mm_calls = t.scopes.iter().filter(|&&(s, _)| s == kept).count();
+    assert_eq!(mm_calls, 2, "each opening is a call of it");
+}
+
+#[test]
 fn out_of_order_exits_behave_as_guards_and_double_exits_are_refused() {
     let rec = recorder("foreign-out-of-order");
     let h = rec.handle();
