@@ -308,6 +308,17 @@ def test_stacks_read_user_line_module_op_category(trace):
     # Backward under the module whose forward made the node, never at the root.
     backward = [s for s in lines if "aten::convolution_backward" in s]
     assert backward and all(";conv: Conv2d (" in s for s in backward), backward
+    # Operators outside every module (the loss, its backward) under the line that called them.
+    source = open(__file__).read().splitlines()
+
+    def called_from(op):
+        stack = next(s for s in lines if f";{op};" in s)
+        first = stack.split(";")[0]
+        assert first.startswith("step (") and first.endswith(")"), stack
+        return source[int(first[:-1].rsplit(":", 1)[1]) - 1]
+
+    assert "F.cross_entropy(" in called_from("aten::_log_softmax")
+    assert "loss.backward()" in called_from("aten::nll_loss_backward")
 
 
 try:
