@@ -1,0 +1,163 @@
+"""The floor of a per-operator observer written in C++, beside the Python mode's and poolsight's.
+
+poolsight's ``track()`` and ``hook()`` see every ATen operator through a Python
+``TorchDispatchMode``, whose own cost (PyTorch handing each operator to Python) is 5–11 % of a
+CPU training step on the development machine. This measures what an observer fed by PyTorch's C++ ``RecordFunction``
+callbacks costs instead: a global callback that stamps each operator's start and end with the
+CPU's time-stamp counter and looks at each output tensor's storage (the work a recorder's
+operator scopes and new-storage check need, without writing anything). It is compiled here
+against the installed PyTorch (``g++``, C++20, its headers and ``libc10``/``libtorch_cpu``),
+loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model and epoch, alternated with
+the plain epoch, an empty Python mode and ``track()`` + ``hook()``:
+
+    python python/benchmarks/cpp_observer_floor.py [--repeats 7] [--steps 16]
+
+It is a measurement for planning (issue 26's 1.15x), not a part of poolsight: it records no
+trace and sees no frees. Nothing is asserted; without ``g++`` it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_overhead import epoch, make, variants  # noqa: E402
+
+SOURCE = r"""
+#include <ATen/record_function.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/Tensor.h>
+#include <atomic>
+#include <unordered_set>
+#include <vector>
+#include <x86intrin.h>
+
+namespace {
+struct Span { const char* name; uint64_t start, end; };
+thread_local std::vector<Span> spans;
+thread_local std::vector<uint64_t> starts;
+std::unordered_set<const void*> storages;
+std::atomic<uint64_t> operators{0}, new_storages{0};
+at::CallbackHandle handle = 0;
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) {
+  starts.push_back(__rdtsc());
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  uint64_t end = __rdtsc();
+  uint64_t start = end;
+  if (!starts.empty()) { start = starts.back(); starts.pop_back(); }
+  spans.push_back({fn.name(), start, end});
+  operators++;
+  for (const auto& v : fn.outputs()) {
+    if (!v.isTensor()) continue;
+    const auto& t = v.toTensor();
+    if (t.defined() && t.has_storage() &&
+        storages.insert(t.storage().unsafeGetStorageImpl()).second) {
+      new_storages++;
+    }
+  }
+}
+}  // namespace
+
+extern "C" void observer_install() {
+  handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(on_start, on_end)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+extern "C" void observer_remove() { at::removeCallback(handle); handle = 0; }
+extern "C" uint64_t observer_operators() { return operators.load(); }
+extern "C" uint64_t observer_new_storages() { return new_storages.load(); }
+"""
+
+
+def build(folder: str) -> ctypes.CDLL | None:
+    """The observer compiled against the installed PyTorch, or None (the reason printed)."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        print("no g++ on PATH: the C++ observer cannot be built here")
+        return None
+    root = os.path.dirname(torch.__file__)
+    src, lib = os.path.join(folder, "observer.cpp"), os.path.join(folder, "observer.so")
+    with open(src, "w") as f:
+        f.write(SOURCE)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cmd = [
+        cxx, "-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-I", os.path.join(root, "include"), src, "-o", lib,
+        "-L", os.path.join(root, "lib"), "-lc10", "-ltorch_cpu",
+        f"-Wl,-rpath,{os.path.join(root, 'lib')}",
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        print("the C++ observer did not compile:\n" + done.stderr[-2000:])
+        return None
+    observer = ctypes.CDLL(lib)
+    observer.observer_operators.restype = ctypes.c_uint64
+    observer.observer_new_storages.restype = ctypes.c_uint64
+    return observer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=16)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        observer = build(tmp)
+        if observer is None:
+            return
+        table = variants(tmp)
+
+        @contextlib.contextmanager
+        def cpp(model, optimizer):
+            observer.observer_install()
+            try:
+                yield
+            finally:
+                observer.observer_remove()
+
+        table["C++ observer"] = cpp
+        names = ["plain", "empty bound", "C++ observer", "track+hook"]
+        cpu: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(args.repeats):
+            for n in names if r % 2 == 0 else list(reversed(names)):
+                model, optimizer, images, labels = make()
+                epoch(model, optimizer, images, labels, 1)
+                with table[n](model, optimizer):
+                    c0 = time.process_time()
+                    epoch(model, optimizer, images, labels, args.steps)
+                    cpu[n].append(time.process_time() - c0)
+        base = statistics.median(cpu["plain"])
+        print(
+            f"torch {torch.__version__}, one epoch of {args.steps} steps, medians of "
+            f"{args.repeats} alternated repeats, 1 intra-op thread"
+        )
+        print(f"{'variant':<14} {'CPU s':>8} {'x plain':>8}")
+        for n in names:
+            c = statistics.median(cpu[n])
+            print(f"{n:<14} {c:>8.3f} {c / base:>8.3f}")
+        print(
+            f"the C++ observer saw {observer.observer_operators():,} operator calls "
+            f"(RecordFunction's: nested and autograd's own included) and "
+            f"{observer.observer_new_storages():,} new storages"
+        )
+
+
+if __name__ == "__main__":
+    main()
