@@ -2,10 +2,11 @@
 
 poolsight's ``track()`` and ``hook()`` see every ATen operator through a Python
 ``TorchDispatchMode``, whose own cost (PyTorch handing each operator to Python) is 5–11 % of a
-CPU training step on the development machine. This measures what an observer fed by PyTorch's C++ ``RecordFunction``
-callbacks costs instead: a global callback that stamps each operator's start and end with the
-CPU's time-stamp counter and looks at each output tensor's storage (the work a recorder's
-operator scopes and new-storage check need, without writing anything). It is compiled here
+CPU training step on the development machine. This measures what an observer fed by PyTorch's
+C++ ``RecordFunction`` callbacks costs instead: a global callback that stamps each operator's
+start and end with the CPU's time-stamp counter and looks at each output tensor's storage (the
+work a recorder's operator scopes and new-storage check need, without writing anything). It is
+compiled here
 against the installed PyTorch (``g++``, C++20, its headers and ``libc10``/``libtorch_cpu``),
 loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model and epoch, alternated with
 the plain epoch, an empty Python mode and ``track()`` + ``hook()``:
