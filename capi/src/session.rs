@@ -140,25 +140,8 @@ impl Session {
         }
     }
 
-    /// [`Session::enter`] under the stack `parent` rather than the open scopes (see
-    /// [`Handle::enter_under`]).
-    pub fn enter_under(
-        &self,
-        parent: u32,
-        kind: ScopeKind,
-        name: &str,
-        phase: Phase,
-        file: &str,
-        line: u32,
-    ) -> ScopeToken {
-        match self.live() {
-            Some(h) => h.enter_under(parent, kind, name, phase, file, line),
-            None => ScopeToken::from_words([0; 5]),
-        }
-    }
-
-    /// [`Handle::scope_stack`]: the stack [`Session::enter_under`] would open, without opening
-    /// it (0 after `finish`).
+    /// [`Handle::scope_stack`]: the stack a scope of these arguments opened under `parent` has,
+    /// without opening it (0 after `finish`); [`Session::enter_stack`] opens it.
     pub fn scope_stack(
         &self,
         parent: u32,
@@ -174,8 +157,13 @@ impl Session {
         }
     }
 
-    /// Opens the scope of a stack [`Session::scope_stack`] gave (see [`Handle::enter_stack`]).
+    /// Opens the scope of a stack [`Session::scope_stack`] gave (see [`Handle::enter_stack`]):
+    /// together, [`Handle::enter_under`]. Stack 0 (what `scope_stack` gives after `finish`)
+    /// opens nothing and is not counted again as a dropped call.
     pub fn enter_stack(&self, stack: u32) -> ScopeToken {
+        if stack == 0 {
+            return ScopeToken::from_words([0; 5]);
+        }
         match self.live() {
             Some(h) => h.enter_stack(stack),
             None => ScopeToken::from_words([0; 5]),

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use poolsight_analyzer::tables::functions::functions;
-use poolsight_analyzer::{replay, ReplayOptions, Trace};
+use poolsight_analyzer::tables::functions::{functions, FunctionRow};
+use poolsight_analyzer::{replay, Profile, ReplayOptions, Trace};
 
 /// Where this crate's shared library is: `cargo test` builds it beside this test binary
 /// (target/<profile>/deps/), `cargo build` in target/<profile>/.
@@ -62,6 +62,15 @@ fn compile(src: &Path, exe: &Path) -> bool {
 }
 
 /// Runs a built program; a failed assertion, with its stderr, when it fails.
+/// The `functions` table's row of `name` (a test failure when it has none).
+fn function_row(profile: &Profile, name: &str) -> FunctionRow {
+    functions(profile)
+        .functions
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("a {name} row"))
+}
+
 fn succeeds(cmd: &mut Command) {
     let out = cmd.output().expect("run the program");
     assert!(
@@ -89,11 +98,7 @@ fn a_c_program_records_a_trace_the_analyzer_reads() {
     assert!(t.footer.is_some(), "ps_recorder_finish sealed the file");
     assert_eq!(t.header.rank, Some(0));
     let profile = replay(&t, 0, &ReplayOptions::default());
-    let rows = functions(&profile).functions;
-    let linear = rows
-        .iter()
-        .find(|r| r.name == "LinearFunction")
-        .expect("a LinearFunction row");
+    let linear = function_row(&profile, "LinearFunction");
     // The failed 1 GiB request counts too, as Chainer counts requests, and is also shown apart.
     assert_eq!(linear.used_bytes, 1024 + 2048 + (1 << 30));
     assert_eq!(linear.failed_used_bytes, 1 << 30);
@@ -142,11 +147,7 @@ fn the_documented_c_example_builds_and_records() {
     let t = Trace::open(tmp.join("run.pstrace")).expect("the example's trace opens");
     assert!(t.footer.is_some(), "ps_recorder_finish sealed the file");
     let profile = replay(&t, 0, &ReplayOptions::default());
-    let rows = functions(&profile).functions;
-    let linear = rows
-        .iter()
-        .find(|r| r.name == "LinearFunction")
-        .expect("a LinearFunction row");
+    let linear = function_row(&profile, "LinearFunction");
     // 1000 bytes asked, 1024 used: the pool rounds to 512-byte units, as CuPy's does.
     assert_eq!((linear.used_bytes, linear.occurrence), (1024, 1));
 }

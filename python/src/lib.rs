@@ -195,10 +195,9 @@ impl Recorder {
         file: &str,
         line: u32,
     ) -> PyResult<Token> {
-        let token =
-            self.session
-                .enter_under(parent, kind_of(kind)?, name, phase_of(phase)?, file, line);
-        Ok(Token(token))
+        let session = &self.session;
+        let stack = session.scope_stack(parent, kind_of(kind)?, name, phase_of(phase)?, file, line);
+        Ok(Token(session.enter_stack(stack)))
     }
 
     /// An allocation observed in another allocator, which has no pool of poolsight's: its

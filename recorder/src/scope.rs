@@ -724,12 +724,7 @@ impl Handle {
         file: &str,
         line: u32,
     ) -> ScopeToken {
-        let id = self.id();
-        let token = with_context(self, |cx| {
-            let stack = cx.foreign_scope(self, parent, kind.into(), phase, name, file, line);
-            cx.push(id, stack)
-        });
-        started(token)
+        self.enter_stack(self.scope_stack(parent, kind, name, phase, file, line))
     }
 
     /// The stack of the scope [`Handle::enter_under`] would open with these arguments, interned

@@ -1,0 +1,48 @@
+"""The PyTorch benchmark scripts the docs show run, at their smallest, and print every row.
+
+Their figures are not checked (machines are noisy); that each variant runs to a ratio is."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+RATIO = r"\s+\d+\.\d+"
+
+
+def run(script: str, *args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_torch_overhead_prints_each_variant_against_plain():
+    out = run(
+        "torch_overhead.py",
+        *("--repeats", "1", "--epochs", "2", "--steps", "1"),
+        *("--only", "empty bound", "track+hook"),
+    )
+    for variant in ("plain", "empty bound", "track+hook"):
+        # CPU, thread and wall seconds, the ratio, the first epoch's and the later ones', once.
+        assert re.search(rf"^{re.escape(variant)}{RATIO * 7}$", out, re.M), out
+    assert re.search(rf"^plain{RATIO * 3}\s+1\.00\s+1\.00\s+1\.00", out, re.M), out
+
+
+def test_cpp_observer_floor_runs_or_says_why_not():
+    out = run("cpp_observer_floor.py", "--repeats", "1", "--steps", "1")
+    if "C++ observer" not in out:
+        assert "no g++" in out or "did not compile" in out, out
+        pytest.skip(out.strip().splitlines()[0])
+    for variant in ("plain", "empty bound", "C++ observer", "track+hook"):
+        assert re.search(rf"^{re.escape(variant)}{RATIO * 2}$", out, re.M), out
+    assert re.search(r"saw [\d,]+ operator calls", out), out
