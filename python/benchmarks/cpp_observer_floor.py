@@ -33,7 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_overhead import epoch, make, variants  # noqa: E402
+from torch_overhead import epoch, make, positive, variants  # noqa: E402
 
 SOURCE = r"""
 #include <ATen/record_function.h>
@@ -115,8 +115,8 @@ def build(folder: str) -> ctypes.CDLL | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--repeats", type=positive, default=7)
+    ap.add_argument("--steps", type=positive, default=16)
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -193,13 +193,21 @@ def run_once(ctx_of, steps: int, epochs: int = 1) -> tuple[list, list, list, flo
     return cpu, thread, wall, (inside - s0) + (time.process_time() - c1)
 
 
+def positive(text: str) -> int:
+    """An argparse type: a count of at least 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=positive, default=7)
     ap.add_argument(
-        "--steps", type=int, default=16, help="steps per epoch (16: the 512 images once)"
+        "--steps", type=positive, default=16, help="steps per epoch (16: the 512 images once)"
     )
-    ap.add_argument("--epochs", type=int, default=3, help="epochs per recorded run")
+    ap.add_argument("--epochs", type=positive, default=3, help="epochs per recorded run")
     ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
     ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
     ap.add_argument("--profile-variant", default="track+hook", help="the variant --profile runs")

@@ -46,3 +46,15 @@ def test_cpp_observer_floor_runs_or_says_why_not():
     for variant in ("plain", "empty bound", "C++ observer", "track+hook"):
         assert re.search(rf"^{re.escape(variant)}{RATIO * 2}$", out, re.M), out
     assert re.search(r"saw [\d,]+ operator calls", out), out
+
+
+@pytest.mark.parametrize("script", ["torch_overhead.py", "cpp_observer_floor.py"])
+def test_a_count_below_one_is_a_usage_error(script):
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--steps", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--steps: must be at least 1, not 0" in proc.stderr
