@@ -38,6 +38,8 @@ mod html;
 mod parquet;
 #[path = "integration/scopes.rs"]
 mod scopes;
+#[path = "integration/snapshot_views.rs"]
+mod snapshot_views;
 #[path = "integration/snapshots.rs"]
 mod snapshots;
 #[path = "integration/visuals.rs"]

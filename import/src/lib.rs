@@ -15,6 +15,7 @@
 
 pub mod events;
 pub mod frames;
+pub mod infer;
 pub mod kineto;
 pub mod pickle;
 pub mod snapshot;

@@ -23,8 +23,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::events::{before_trace, label, Ev, EvKind, Events, Stack};
+use crate::events::{before_trace, label as label_frame, Ev, EvKind, Events, Stack};
 use crate::frames::FrameFilter;
+use crate::infer;
 use crate::pickle::{self, Build, Parsed, Progress, Store, StrId, Value};
 use crate::ImportError;
 use poolsight_recorder::{Frame, FrameKind, Phase};
@@ -394,7 +395,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         }
     }
     let mut ev = Events::new(filter);
-    let mut stacks = Stacks::new(filter);
+    let mut stacks = Stacks::new(filter, &t, s);
     let mut streams = StreamIds::default();
     let entries = std::mem::take(&mut t.entries);
     // Per device, its entries.
@@ -444,6 +445,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     // Segments by device: their held bytes and live blocks.
     let mut final_reserved: FxHashMap<u32, u64> = FxHashMap::default();
     let mut live_blocks: Vec<(u32, u64, u64, u32, u64)> = Vec::new(); // device, addr, size, frames, stream
+    let mut final_segments: Vec<(u32, u64, u64, u64)> = Vec::new(); // device, addr, size, stream
     if let Some(segs) = segments {
         expect_list(segs, "segments")?;
         for &seg in s.items(segs) {
@@ -459,6 +461,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             let stream = int("stream").unwrap_or(0);
             *final_reserved.entry(device).or_default() += total;
             let mut addr = int("address").unwrap_or(0);
+            final_segments.push((device, addr, total, stream));
             for &b in s.items(blocks) {
                 let size = s.get(b, "size").and_then(|v| v.u64()).unwrap_or(0);
                 let state = s.get(b, "state").and_then(|v| s.str(v)).unwrap_or("");
@@ -470,9 +473,12 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             }
         }
     }
-    if let Some(a) = annotations {
-        read_annotations(s, a, t0_us, &mut ev, &mut unmapped);
-    }
+    let ranges = match annotations {
+        Some(a) => read_annotations(s, a, t0_us, &mut ev, &mut unmapped),
+        None => Vec::new(),
+    };
+    // Categories are inferred when no entry has one of its own (profiler-made snapshots do).
+    let infer = !devices.iter().flatten().any(|e| e.category != NONE);
 
     // Per device: what the trace leaves live at its end, what was live from the start, and the
     // events in trace order.
@@ -480,21 +486,44 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     for (dev, entries) in devices.iter().enumerate() {
         let device = dev.min(255) as u32;
         let mut live: FxHashMap<u64, ()> = FxHashMap::default();
+        let mut held: FxHashMap<u64, ()> = FxHashMap::default();
         let mut seg_net: i128 = 0;
+        // Entries keep the allocator's order; a clock that steps back is held level.
         let mut time_ns = 0u64;
+        let times: Vec<u64> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let t_ns = match e.time_us {
+                    Some(t) if has_time => t.saturating_sub(t0_us).saturating_mul(1000),
+                    _ => i as u64 * 1000,
+                };
+                time_ns = time_ns.max(t_ns);
+                time_ns
+            })
+            .collect();
+        let mut phases = Phases::new(&ranges, device, devices.len() == 1, &mut ev);
+        let inferred = if infer {
+            infer_categories(entries, &times, &t, s, &mut phases)
+        } else {
+            Vec::new()
+        };
+        phases.rewind();
+        let mut allocs = 0usize;
         for (i, e) in entries.iter().enumerate() {
             let Ok(action) = e.action else { continue };
-            let t_ns = match e.time_us {
-                Some(t) if has_time => t.saturating_sub(t0_us).saturating_mul(1000),
-                _ => i as u64 * 1000,
-            };
-            // Entries keep the allocator's order; a clock that steps back is held level.
-            time_ns = time_ns.max(t_ns);
+            let time_ns = times[i];
             let stream = streams.id(e.stream);
+            let prefix = phases.at(time_ns);
             match action {
                 Action::Alloc => {
                     live.insert(e.addr, ());
-                    let stack = stacks.get(&mut ev, &t, s, e.frames, e.category, false);
+                    let label = match inferred.get(allocs) {
+                        Some(name) => Label::Inferred(name),
+                        None => Label::of(e.category),
+                    };
+                    allocs += 1;
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, label, false, prefix);
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Malloc, device, stream, e.addr, e.size, stack),
@@ -517,7 +546,11 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                     if live.remove(&e.addr).is_none() {
                         // Allocated before the trace began (or before the ring's oldest entry).
                         overflowed = true;
-                        let stack = stacks.get(&mut ev, &t, s, e.frames, e.category, true);
+                        let label = match infer {
+                            true => Label::Inferred(infer::BEFORE_RECORDING),
+                            false => Label::of(e.category),
+                        };
+                        let stack = stacks.get(&mut ev, &t, s, e.frames, label, true, &[]);
                         ev.push_initial(Ev::mem(
                             EvKind::Malloc,
                             device,
@@ -534,6 +567,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 }
                 Action::SegmentAlloc | Action::SegmentMap => {
                     seg_net += e.size as i128;
+                    held.insert(e.addr, ());
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Acquire, device, stream, e.addr, e.size, Stack::NONE),
@@ -541,13 +575,14 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 }
                 Action::SegmentFree | Action::SegmentUnmap => {
                     seg_net -= e.size as i128;
+                    held.remove(&e.addr);
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Release, device, stream, e.addr, e.size, Stack::NONE),
                     );
                 }
                 Action::Oom => {
-                    let stack = stacks.get(&mut ev, &t, s, e.frames, NONE, false);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, Label::None, false, prefix);
                     ev.push(
                         time_ns,
                         Ev::oom(device, stream, e.size, e.device_free, stack),
@@ -563,7 +598,11 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         // Blocks active at the end that the trace did not allocate: live from the start.
         for &(d, addr, requested, frames, stream) in &live_blocks {
             if d == device && !live.contains_key(&addr) {
-                let stack = stacks.get(&mut ev, &t, s, frames, NONE, false);
+                let label = match infer {
+                    true => Label::Inferred(initial_category(&t, s, frames)),
+                    false => Label::None,
+                };
+                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
                 let stream = streams.id(stream);
                 ev.push_initial(Ev::mem(
                     EvKind::Malloc,
@@ -575,8 +614,23 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 ));
             }
         }
-        // Device memory held at the end, less what the trace acquired: held from the start.
-        let before = final_reserved.get(&device).copied().unwrap_or(0) as i128 - seg_net;
+        // Device memory held at the end, less what the trace acquired: held from the start,
+        // segment by segment where the segments tell (so that `oom` sees them), the rest as one.
+        let mut before = final_reserved.get(&device).copied().unwrap_or(0) as i128 - seg_net;
+        for &(d, addr, size, stream) in &final_segments {
+            if d == device && !held.contains_key(&addr) && size as i128 <= before && size > 0 {
+                before -= size as i128;
+                let stream = streams.id(stream);
+                ev.push_initial(Ev::mem(
+                    EvKind::Acquire,
+                    device,
+                    stream,
+                    addr,
+                    size,
+                    Stack::NONE,
+                ));
+            }
+        }
         if before > 0 {
             ev.push_initial(Ev::mem(
                 EvKind::Acquire,
@@ -587,19 +641,25 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 Stack::NONE,
             ));
         }
+        phases.finish(&mut ev, time_ns);
         ev.end = ev.end.max(time_ns);
     }
     // Devices that only the segments name.
     for &(d, addr, requested, frames, stream) in &live_blocks {
         if d as usize >= devices.len() {
-            let stack = stacks.get(&mut ev, &t, s, frames, NONE, false);
+            let label = match infer {
+                true => Label::Inferred(initial_category(&t, s, frames)),
+                false => Label::None,
+            };
+            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
             let stream = streams.id(stream);
             ev.push_initial(Ev::mem(EvKind::Malloc, d, stream, addr, requested, stack));
         }
     }
-    for (&d, &bytes) in &final_reserved {
-        if d as usize >= devices.len() && bytes > 0 {
-            ev.push_initial(Ev::mem(EvKind::Acquire, d, 0, 0, bytes, Stack::NONE));
+    for &(d, addr, size, stream) in &final_segments {
+        if d as usize >= devices.len() && size > 0 {
+            let stream = streams.id(stream);
+            ev.push_initial(Ev::mem(EvKind::Acquire, d, stream, addr, size, Stack::NONE));
         }
     }
     ev.overflowed = overflowed;
@@ -638,15 +698,28 @@ fn block_extra(s: &Store<Made>, t: &mut Tables, b: Value<Made>, size: u64) -> (u
     (NONE, requested(b, "requested_size"))
 }
 
+/// A `record_function` range of `external_annotations`: a function scope (a phase).
+#[derive(Debug, Clone)]
+struct Range {
+    device: u32,
+    start: u64,
+    end: u64,
+    name: String,
+}
+
 /// `external_annotations`: `{name, stage: START|END, device, time_us}` from
-/// `record_function` ranges; `ProfilerStep#N` ranges become epochs, others marks.
+/// `record_function` ranges. `ProfilerStep#N` ranges become epochs; other ranges are returned,
+/// to become function scopes, each START paired with the next END of its name (a START never
+/// ended runs to the end of the trace); an END without its START is a mark.
 fn read_annotations(
     s: &Store<Made>,
     a: Value<Made>,
     t0_us: u64,
     ev: &mut Events,
     unmapped: &mut Unmapped,
-) {
+) -> Vec<Range> {
+    let mut ranges: Vec<Range> = Vec::new();
+    let mut open: FxHashMap<(u32, String), Vec<usize>> = FxHashMap::default();
     for &x in s.items(a) {
         let name = s.get(x, "name").and_then(|v| s.str(v));
         let stage = s.get(x, "stage").and_then(|v| s.str(v)).unwrap_or("");
@@ -664,10 +737,204 @@ fn read_annotations(
         match (crate::events::step_number(name), stage) {
             (Some(n), "START") => ev.push(t, Ev::epoch(true, n)),
             (Some(n), "END") => ev.push(t, Ev::epoch(false, n)),
+            (None, "START") => {
+                open.entry((device, name.to_owned()))
+                    .or_default()
+                    .push(ranges.len());
+                ranges.push(Range {
+                    device,
+                    start: t,
+                    end: u64::MAX,
+                    name: name.to_owned(),
+                });
+            }
+            (None, "END") => match open
+                .get_mut(&(device, name.to_owned()))
+                .and_then(|v| v.pop())
+            {
+                Some(i) => ranges[i].end = t.max(ranges[i].start),
+                None => ev.push(t, Ev::annotation(device, 0, format!("END {name}"))),
+            },
             _ => ev.push(
                 t,
                 Ev::annotation(device, 0, format!("{stage} {name}").trim().to_owned()),
             ),
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    ranges
+}
+
+/// The ranges open at each moment of one device's entries (times never go back), as a prefix
+/// of function frames for the stacks of the allocations made in them; each range is also
+/// written as a function scope when [`Phases::finish`] is called.
+struct Phases {
+    /// (start, end, frame id, the stack of the range itself), by start.
+    ranges: Vec<(u64, u64, u32, Vec<u32>)>,
+    /// Per range: whether it is an optimizer's step (`Optimizer.step#AdamW.step`).
+    optimizer: Vec<bool>,
+    next: usize,
+    open: Vec<usize>,
+    prefix: Vec<u32>,
+}
+
+impl Phases {
+    fn new(ranges: &[Range], device: u32, only_device: bool, ev: &mut Events) -> Phases {
+        let mut out: Vec<(u64, u64, u32, Vec<u32>)> = Vec::new();
+        let mut optimizer = Vec::new();
+        for r in ranges.iter().filter(|r| only_device || r.device == device) {
+            optimizer.push(r.name.starts_with("Optimizer.step"));
+            let frame = ev.frame(Frame {
+                kind: FrameKind::Function,
+                phase: Phase::None,
+                file: String::new(),
+                line: 0,
+                name: r.name.clone(),
+            });
+            // Its own stack: the ranges it lies in, outermost first, then itself.
+            let mut stack: Vec<u32> = out
+                .iter()
+                .filter(|o| o.0 <= r.start && r.end <= o.1)
+                .map(|o| o.2)
+                .collect();
+            stack.push(frame);
+            out.push((r.start, r.end, frame, stack));
+        }
+        Phases {
+            ranges: out,
+            optimizer,
+            next: 0,
+            open: Vec::new(),
+            prefix: Vec::new(),
+        }
+    }
+
+    /// Back to the first entry, for a second pass.
+    fn rewind(&mut self) {
+        self.next = 0;
+        self.open.clear();
+        self.prefix.clear();
+    }
+
+    /// The frames of the ranges open at `t` (start <= t <= end), outermost first.
+    fn at(&mut self, t: u64) -> &[u32] {
+        let before = self.open.len();
+        let mut changed = false;
+        self.open.retain(|&i| self.ranges[i].1 >= t);
+        changed |= self.open.len() != before;
+        while self.next < self.ranges.len() && self.ranges[self.next].0 <= t {
+            if self.ranges[self.next].1 >= t {
+                self.open.push(self.next);
+                changed = true;
+            }
+            self.next += 1;
+        }
+        if changed {
+            self.prefix.clear();
+            self.prefix
+                .extend(self.open.iter().map(|&i| self.ranges[i].2));
+        }
+        &self.prefix
+    }
+
+    /// Whether an optimizer's step range is open (as of the last [`Phases::at`]).
+    fn in_optimizer_step(&self) -> bool {
+        self.open.iter().any(|&i| self.optimizer[i])
+    }
+
+    /// Writes each range as a function scope (a range never ended ends with the trace).
+    fn finish(self, ev: &mut Events, end: u64) {
+        for (start, stop, _, stack) in self.ranges {
+            let stack = ev.stack(&stack);
+            let stop = if stop == u64::MAX { end } else { stop };
+            ev.push(stop.max(start), Ev::scope(start, stack));
+        }
+    }
+}
+
+/// What an allocation's frames say ([`infer::Evidence`]), without its lifetime.
+fn evidence(t: &Tables, s: &Store<Made>, frames: u32) -> infer::Evidence {
+    let list = t.lists.get(frames as usize).map_or(&[][..], |l| &l[..]);
+    let raw: Vec<(&str, &str, u32)> = list.iter().rev().map(|&f| raw_frame(t, s, f)).collect();
+    let mut e = infer::Evidence {
+        backward: crate::frames::in_backward(&raw),
+        has_stack: !raw.is_empty(),
+        ..Default::default()
+    };
+    for &(name, file, _) in &raw {
+        e.optimizer |= infer::in_optimizer(file);
+        e.forward |= name == "forward" && file.ends_with(".py");
+        e.parameter |= infer::makes_parameter(file, name);
+    }
+    e
+}
+
+/// The category of a block live from the start to the end (a segment's block no entry
+/// allocated): a gradient or optimizer state by its frames, else a parameter; `before
+/// recording` when it has no frames.
+fn initial_category(t: &Tables, s: &Store<Made>, frames: u32) -> &'static str {
+    let e = infer::Evidence {
+        before: true,
+        ..evidence(t, s, frames)
+    };
+    infer::categories(&[infer::Life {
+        evidence: e,
+        freed_before: None,
+    }])[0]
+}
+
+/// The inferred category of each `alloc` entry of one device, in order ([`infer`]).
+fn infer_categories(
+    entries: &[Entry],
+    times: &[u64],
+    t: &Tables,
+    s: &Store<Made>,
+    phases: &mut Phases,
+) -> Vec<&'static str> {
+    let mut by_frames: FxHashMap<u32, infer::Evidence> = FxHashMap::default();
+    let mut lives: Vec<infer::Life> = Vec::new();
+    let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+    for (i, e) in entries.iter().enumerate() {
+        phases.at(times[i]);
+        match e.action {
+            Ok(Action::Alloc) => {
+                let mut ev = *by_frames
+                    .entry(e.frames)
+                    .or_insert_with(|| evidence(t, s, e.frames));
+                ev.optimizer |= phases.in_optimizer_step();
+                live.insert(e.addr, lives.len());
+                lives.push(infer::Life {
+                    evidence: ev,
+                    freed_before: None,
+                });
+            }
+            Ok(Action::FreeCompleted) => {
+                if let Some(k) = live.remove(&e.addr) {
+                    lives[k].freed_before = Some(lives.len());
+                }
+            }
+            _ => {}
+        }
+    }
+    infer::categories(&lives)
+}
+
+/// The memory category an allocation's stack ends with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Label {
+    None,
+    /// The entry's own `category` (profiler-made snapshots).
+    Recorded(StrId),
+    /// Inferred ([`infer`]): a label frame whose file says so.
+    Inferred(&'static str),
+}
+
+impl Label {
+    fn of(category: StrId) -> Label {
+        if category == NONE {
+            Label::None
+        } else {
+            Label::Recorded(category)
         }
     }
 }
@@ -678,52 +945,103 @@ fn read_annotations(
 /// of frames made a stack once.
 struct Stacks {
     filter: FrameFilter,
+    /// The common directory of the user's files ([`crate::frames::common_dir`]), for `user`.
+    prefix: String,
     /// Per frame of [`Tables::frames`]: not seen yet (`None`), dropped by the filter
     /// (`Some(NONE)`), or its id in [`Events`].
     frames: Vec<Option<u32>>,
-    by_list: FxHashMap<(u32, StrId, bool), Stack>,
+    by_list: FxHashMap<(u32, Label, bool, Vec<u32>), Stack>,
     ids: Vec<u32>,
 }
 
 impl Stacks {
-    fn new(filter: FrameFilter) -> Stacks {
+    fn new(filter: FrameFilter, t: &Tables, s: &Store<Made>) -> Stacks {
+        let prefix = if filter == FrameFilter::User {
+            crate::frames::common_dir(
+                (0..t.frames.len() as u32)
+                    .map(|f| raw_frame(t, s, f).1)
+                    .filter(|f| {
+                        f.starts_with('/') && crate::frames::is_user_file(f) && f.ends_with(".py")
+                    }),
+            )
+        } else {
+            String::new()
+        };
         Stacks {
             filter,
+            prefix,
             frames: Vec::new(),
             by_list: FxHashMap::default(),
             ids: Vec::new(),
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn get(
         &mut self,
         ev: &mut Events,
         t: &Tables,
         s: &Store<Made>,
         frames: u32,
-        category: StrId,
+        label: Label,
         before: bool,
+        prefix: &[u32],
     ) -> Stack {
-        if let Some(&st) = self.by_list.get(&(frames, category, before)) {
+        let key = (frames, label, before, prefix.to_vec());
+        if let Some(&st) = self.by_list.get(&key) {
             return st;
         }
         self.ids.clear();
         if before {
             self.ids.push(ev.frame(before_trace()));
         }
+        self.ids.extend_from_slice(prefix);
         // PyTorch stores a stack innermost first.
         let list = t.lists.get(frames as usize).map_or(&[][..], |l| &l[..]);
-        for &f in list.iter().rev() {
-            let id = self.frame(ev, t, s, f);
-            if id != NONE {
-                self.ids.push(id);
+        if self.filter == FrameFilter::User {
+            let raw: Vec<(&str, &str, u32)> =
+                list.iter().rev().map(|&f| raw_frame(t, s, f)).collect();
+            for f in crate::frames::user_view(&raw, &self.prefix) {
+                let frame = match f.op_backward {
+                    None => Frame {
+                        kind: FrameKind::Foreign,
+                        phase: Phase::None,
+                        file: f.file,
+                        line: f.line,
+                        name: f.name,
+                    },
+                    Some(back) => Frame {
+                        kind: FrameKind::Function,
+                        phase: if back {
+                            Phase::Backward
+                        } else {
+                            Phase::Forward
+                        },
+                        file: String::new(),
+                        line: 0,
+                        name: f.name,
+                    },
+                };
+                self.ids.push(ev.frame(frame));
+            }
+        } else {
+            for &f in list.iter().rev() {
+                let id = self.frame(ev, t, s, f);
+                if id != NONE {
+                    self.ids.push(id);
+                }
             }
         }
-        if category != NONE {
-            self.ids.push(ev.frame(label(s.text(category))));
+        match label {
+            Label::None => {}
+            Label::Recorded(c) => self.ids.push(ev.frame(label_frame(s.text(c)))),
+            Label::Inferred(name) => self.ids.push(ev.frame(Frame {
+                file: infer::INFERRED.to_owned(),
+                ..label_frame(name)
+            })),
         }
         let stack = ev.stack(&self.ids);
-        self.by_list.insert((frames, category, before), stack);
+        self.by_list.insert(key, stack);
         stack
     }
 
@@ -732,18 +1050,10 @@ impl Stacks {
         if let Some(&Some(id)) = self.frames.get(f as usize) {
             return id;
         }
-        let Some(k) = t.frames.get(f as usize) else {
+        if t.frames.get(f as usize).is_none() {
             return NONE;
-        };
-        let text = |id: StrId, absent: &'static str| if id == NONE { absent } else { s.text(id) };
-        let (mut name, mut file, mut line) = (text(k.name, "?"), text(k.file, "??"), k.line);
-        // `_memory_viz._profile_to_snapshot` writes a profiler's Python call as
-        // {filename: "none", line: 0, name: "file.py(18): function"}: its file and line.
-        if file == "none" && line == 0 {
-            if let Some((f, l, n)) = crate::frames::profiler_location(name) {
-                (file, line, name) = (f, l, n);
-            }
         }
+        let (name, file, line) = raw_frame(t, s, f);
         let id = if self.filter.keeps(name, file) {
             ev.frame(Frame {
                 kind: FrameKind::Foreign,
@@ -761,6 +1071,23 @@ impl Stacks {
         self.frames[f as usize] = Some(id);
         id
     }
+}
+
+/// A frame of [`Tables::frames`] as `(name, file, line)`: absent strings read `?` and `??`;
+/// `_memory_viz._profile_to_snapshot` writes a profiler's Python call as
+/// {filename: "none", line: 0, name: "file.py(18): function"}: its file and line.
+fn raw_frame<'s>(t: &Tables, s: &'s Store<Made>, f: u32) -> (&'s str, &'s str, u32) {
+    let Some(k) = t.frames.get(f as usize) else {
+        return ("?", "??", 0);
+    };
+    let text = |id: StrId, absent: &'static str| if id == NONE { absent } else { s.text(id) };
+    let (name, file, line) = (text(k.name, "?"), text(k.file, "??"), k.line);
+    if file == "none" && line == 0 {
+        if let Some((f, l, n)) = crate::frames::profiler_location(name) {
+            return (n, f, l);
+        }
+    }
+    (name, file, line)
 }
 
 /// Streams as the viewer numbers them: 0 is the default stream, others 1, 2, ... in order of

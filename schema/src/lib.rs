@@ -55,6 +55,10 @@ pub const PACKED_MINOR: u16 = 2;
 /// `data_offset`) and whose sealed-chunk checksums cover the size prefix.
 pub const HEADER_CRC_MINOR: u16 = 1;
 /// Bytes before the header FlatBuffer.
+/// The `file` of a `Label` frame whose category was inferred (from stacks, phases and
+/// lifetimes, by the importer of a file that has none) rather than recorded: readers say so.
+pub const INFERRED_LABEL: &str = "inferred";
+
 pub const PRELUDE_LEN: usize = 16;
 /// Bytes of the header checksum that ends the header region (format 1.1 and later).
 pub const HEADER_CRC_LEN: usize = 4;

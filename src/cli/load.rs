@@ -28,7 +28,7 @@ static CONVERTED: Mutex<Vec<(tempfile::TempDir, PathBuf, PathBuf)>> = Mutex::new
 
 /// The conversion settings of this command (`--frames`).
 static SETTINGS: Mutex<Settings> = Mutex::new(Settings {
-    frames: poolsight_import::FrameFilter::Viewer,
+    frames: poolsight_import::FrameFilter::User,
 });
 
 pub fn set_settings(s: Settings) {
@@ -161,10 +161,17 @@ pub fn profiles_of(
     input: &Input,
     categories: CategoryPass,
 ) -> anyhow::Result<Vec<(String, Profile)>> {
-    let opts = ReplayOptions {
-        categories,
-        ..ReplayOptions::default()
-    };
+    profiles_with(
+        input,
+        ReplayOptions {
+            categories,
+            ..ReplayOptions::default()
+        },
+    )
+}
+
+/// The input's merged profile (or one per rank), replayed with `opts`.
+pub fn profiles_with(input: &Input, opts: ReplayOptions) -> anyhow::Result<Vec<(String, Profile)>> {
     let profiles = load_traces(&input.traces, opts)?.profiles;
     Ok(load::views(profiles, input.per_rank)
         .into_iter()

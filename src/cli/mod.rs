@@ -33,13 +33,16 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// PyTorch files (snapshots, profiler traces): which frames of each stack to keep.
-    /// viewer: what PyTorch's memory viewer shows (unwinder, interpreter and dispatcher
-    /// frames dropped); python: Python frames only; all: every frame recorded.
+    /// user: your own Python lines, module forwards and, innermost, the operator that
+    /// allocated (`aten::addmm`, under its autograd node in backward), launchers, interpreter,
+    /// libc, dispatcher and PyTorch's plumbing dropped; viewer: what PyTorch's memory viewer
+    /// shows (unwinder, interpreter and dispatcher frames dropped); python: Python frames
+    /// only; all: every frame recorded.
     #[arg(
         long,
         global = true,
-        default_value = "viewer",
-        value_name = "viewer|python|all"
+        default_value = "user",
+        value_name = "user|viewer|python|all"
     )]
     frames: poolsight_import::FrameFilter,
 }

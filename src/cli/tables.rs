@@ -166,10 +166,23 @@ pub fn epochs(args: EpochsArgs, out: &mut impl Write) -> anyhow::Result<()> {
 pub struct CategoriesArgs {
     #[command(flatten)]
     input: Input,
+    /// A category of your own: allocations with a frame (`file:line:function`) that REGEX
+    /// matches are NAME, before any recorded or inferred category. Repeatable; the first rule
+    /// that matches wins. Example: --category 'attention=attn|MultiheadAttention'.
+    #[arg(long = "category", value_name = "NAME=REGEX")]
+    rules: Vec<poolsight::analyzer::replay::CategoryRule>,
 }
 
 pub fn categories(args: CategoriesArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, CategoryPass::Always, categories::categories)?;
+    let opts = poolsight::analyzer::ReplayOptions {
+        categories: CategoryPass::Always,
+        category_rules: args.rules.into(),
+        ..Default::default()
+    };
+    let v: Vec<(String, categories::Categories)> = super::load::profiles_with(&args.input, opts)?
+        .into_iter()
+        .map(|(name, p)| (name, categories::categories(&p)))
+        .collect();
     emit(
         out,
         args.input.format,

@@ -105,8 +105,14 @@ fn snapshots_keep_the_largest_stacks_and_sum_the_rest() {
     let path = trace_path("keep");
     record_on_pool(&path, steps);
     let (trace, profile) = replayed(&path);
-    let all = live_over_time(&trace, &profile.sources[0].series, usize::MAX, usize::MAX);
-    let one = live_over_time(&trace, &profile.sources[0].series, 1, 1);
+    let all = live_over_time(
+        &trace,
+        &profile.sources[0].series,
+        usize::MAX,
+        usize::MAX,
+        &[],
+    );
+    let one = live_over_time(&trace, &profile.sources[0].series, 1, 1, &[]);
     for (a, o) in all.points.iter().zip(&one.points) {
         assert!(o.stacks.len() <= 1);
         assert_eq!(o.stacks.first(), a.stacks.first());
@@ -138,6 +144,7 @@ fn page_data(path: &Path) -> (ReportData, Profile, LiveOverTime) {
         &profile.sources[0].series,
         html::LIVE_STACKS,
         html::LIVE_GROUPS,
+        &[],
     );
     let parts = [Part {
         name: "run".into(),
@@ -228,8 +235,8 @@ fn a_grouping_counts_every_live_stack_not_only_those_kept() {
     let path = fixture("torch/categories");
     let (trace, profile) = replayed(&path);
     let series = &profile.sources[0].series;
-    let all = live_over_time(&trace, series, usize::MAX, usize::MAX);
-    let one = live_over_time(&trace, series, 1, 1);
+    let all = live_over_time(&trace, series, usize::MAX, usize::MAX, &[]);
+    let one = live_over_time(&trace, series, 1, 1, &[]);
     assert_eq!(all.points.len(), series.points.len());
     let label = |frames: &[Frame]| {
         frames

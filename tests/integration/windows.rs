@@ -38,6 +38,7 @@ fn option_sets() -> Vec<ReplayOptions> {
         live_at_peak,
         progress: None,
         categories,
+        ..ReplayOptions::default()
     })
     .collect()
 }

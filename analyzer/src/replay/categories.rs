@@ -31,7 +31,7 @@ use super::merge::{walk, Sink};
 use super::profile::{CallBytes, CategoryBytes, CategoryFigures, Frame, ModuleBytes};
 use super::stacks::frame_of;
 use super::timeline::{served, Timeline};
-use super::Units;
+use super::{CategoryRule, Units};
 use crate::read::names::FrameKind;
 use crate::read::{ChunkKind, Trace};
 
@@ -62,7 +62,12 @@ pub(super) struct Walked {
 
 /// The walk (see the module documentation); `peak` is the merge ordinal of the memory event
 /// that reached the used peak (the replay's).
-pub(super) fn categories(trace: &Trace, peak: Option<u64>, progress: Option<&AtomicU64>) -> Walked {
+pub(super) fn categories(
+    trace: &Trace,
+    peak: Option<u64>,
+    rules: &[CategoryRule],
+    progress: Option<&AtomicU64>,
+) -> Walked {
     let mut w = Walk {
         tl: Timeline::new(
             trace.header.ticks0,
@@ -71,7 +76,7 @@ pub(super) fn categories(trace: &Trace, peak: Option<u64>, progress: Option<&Ato
             usize::MAX,
         ),
         units: Units::of(trace),
-        classes: Classes::new(trace),
+        classes: Classes::new(trace, rules),
         live: Vec::new(),
         max: Vec::new(),
         at_peak: None,
@@ -96,6 +101,10 @@ pub(super) struct Class {
 /// Stacks classified by category and module, each stack once.
 pub(super) struct Classes<'t> {
     trace: &'t Trace,
+    rules: &'t [CategoryRule],
+    /// Whether a category came from an inferred label (a label frame whose file is
+    /// `inferred`: the importer's inference).
+    pub(super) inferred: bool,
     of_stack: FxHashMap<u32, Class>,
     /// Category names by index; index 0 (`None`) is the allocations without a label.
     pub(super) categories: Vec<Option<Arc<str>>>,
@@ -106,9 +115,11 @@ pub(super) struct Classes<'t> {
 }
 
 impl<'t> Classes<'t> {
-    pub(super) fn new(trace: &'t Trace) -> Classes<'t> {
+    pub(super) fn new(trace: &'t Trace, rules: &'t [CategoryRule]) -> Classes<'t> {
         Classes {
             trace,
+            rules,
+            inferred: false,
             of_stack: FxHashMap::default(),
             categories: vec![None],
             category_index: HashMap::new(),
@@ -126,8 +137,12 @@ impl<'t> Classes<'t> {
         let defs = &self.trace.defs;
         let mut label: Option<u32> = None;
         let mut links: Vec<u32> = Vec::new();
+        let mut frames: Vec<u32> = Vec::new();
         let mut cur = stack;
         while let Some(&(parent, frame)) = defs.stacks.get(&cur) {
+            if !self.rules.is_empty() {
+                frames.push(frame);
+            }
             match defs.frames.get(&frame).map(|f| FrameKind::from(f.kind)) {
                 Some(FrameKind::Label) if label.is_none() => label = Some(frame),
                 Some(FrameKind::Link) => links.push(frame),
@@ -139,19 +154,30 @@ impl<'t> Classes<'t> {
             cur = parent;
         }
         links.reverse();
-        let category = match label {
-            Some(frame) => {
-                let name: Arc<str> = frame_of(self.trace, frame).name;
-                match self.category_index.get(&name) {
-                    Some(&i) => i,
-                    None => {
-                        let i = self.categories.len() as u32;
-                        self.categories.push(Some(Arc::clone(&name)));
-                        self.category_index.insert(name, i);
-                        i
-                    }
+        // User rules first (the first rule matching any frame), then the label.
+        let ruled: Option<Arc<str>> = self.rules.iter().find_map(|r| {
+            frames
+                .iter()
+                .any(|&f| r.pattern.is_match(&frame_of(self.trace, f).key()))
+                .then(|| Arc::clone(&r.name))
+        });
+        let named: Option<Arc<str>> = ruled.or_else(|| {
+            label.map(|frame| {
+                let f = frame_of(self.trace, frame);
+                self.inferred |= &*f.file == poolsight_schema::INFERRED_LABEL;
+                f.name
+            })
+        });
+        let category = match named {
+            Some(name) => match self.category_index.get(&name) {
+                Some(&i) => i,
+                None => {
+                    let i = self.categories.len() as u32;
+                    self.categories.push(Some(Arc::clone(&name)));
+                    self.category_index.insert(name, i);
+                    i
                 }
-            }
+            },
             None => 0,
         };
         let module = (!links.is_empty()).then(|| self.module(links));
@@ -506,6 +532,7 @@ impl Walk<'_> {
             figures: CategoryFigures {
                 categories,
                 modules,
+                inferred: self.classes.inferred,
             },
             live_at_peak,
         }

@@ -20,7 +20,7 @@ use super::merge::{sorted_marks, walk_decoding, Sink};
 use super::profile::{Frame, Series};
 use super::stacks::frames_of_stack;
 use super::timeline::{Snapshot, Timeline};
-use super::Units;
+use super::{CategoryRule, Units};
 use crate::read::Trace;
 
 /// What [`live_over_time`] gives.
@@ -53,6 +53,7 @@ pub fn live_over_time(
     series: &Series,
     keep_stacks: usize,
     keep_groups: usize,
+    rules: &[CategoryRule],
 ) -> LiveOverTime {
     let mut stops = series.used_max_ordinals.clone();
     stops.sort_unstable();
@@ -60,7 +61,7 @@ pub fn live_over_time(
     let mut walk = Walk {
         tl: Timeline::new(trace.header.ticks0, 0, stops.clone(), keep_stacks),
         units: Units::of(trace),
-        classes: Classes::new(trace),
+        classes: Classes::new(trace, rules),
         labels: has_labels(trace),
         links: has_links(trace),
         keep: keep_groups,

@@ -65,6 +65,44 @@ pub struct ReplayOptions {
     /// When to compute bytes by memory category and by module ([`Source::categories`]): one
     /// more time-ordered walk, which also gives the live bytes at the peak.
     pub categories: CategoryPass,
+    /// User categories (`--category NAME=REGEX`): the first rule whose expression matches a
+    /// frame of an allocation's stack (`file:line:name`) names its category, before any label.
+    pub category_rules: Arc<[CategoryRule]>,
+}
+
+/// A user category: allocations with a frame that `pattern` matches are `name`.
+#[derive(Debug, Clone)]
+pub struct CategoryRule {
+    pub name: Arc<str>,
+    pub pattern: regex::Regex,
+}
+
+impl std::str::FromStr for CategoryRule {
+    type Err = String;
+
+    /// `NAME=REGEX`.
+    fn from_str(s: &str) -> Result<CategoryRule, String> {
+        let (name, pattern) = s
+            .split_once('=')
+            .ok_or_else(|| format!("{s:?} is not NAME=REGEX"))?;
+        if name.trim().is_empty() {
+            return Err(format!("{s:?} has no category name before `=`"));
+        }
+        let pattern = regex::Regex::new(pattern).map_err(|e| {
+            format!(
+                "{pattern:?} is not a regular expression: {}",
+                one_line(&e.to_string())
+            )
+        })?;
+        Ok(CategoryRule {
+            name: name.trim().into(),
+            pattern,
+        })
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// When a replay computes bytes by memory category and by module.
@@ -83,7 +121,9 @@ pub enum CategoryPass {
 fn wants_categories(trace: &Trace, opts: &ReplayOptions) -> bool {
     match opts.categories {
         CategoryPass::Never => false,
-        CategoryPass::IfLabelled => categories::has_labels(trace),
+        CategoryPass::IfLabelled => {
+            categories::has_labels(trace) || !opts.category_rules.is_empty()
+        }
         CategoryPass::Always => true,
     }
 }
@@ -116,6 +156,7 @@ impl Default for ReplayOptions {
             series_points: 2000,
             progress: None,
             categories: CategoryPass::default(),
+            category_rules: Arc::from(Vec::new()),
         }
     }
 }
@@ -195,8 +236,9 @@ fn assemble(
     let before = progress.map(|p| p.load(Ordering::Relaxed));
     // The categories' walk goes through every memory event and passes the peak: it gives the
     // live bytes there too, so the walk to the peak is needed only without it.
-    let walked = wants_categories(trace, opts)
-        .then(|| categories::categories(trace, timeline.peak_ordinal, progress));
+    let walked = wants_categories(trace, opts).then(|| {
+        categories::categories(trace, timeline.peak_ordinal, &opts.category_rules, progress)
+    });
     let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal) {
         (Some(w), _) if opts.live_at_peak => w.live_at_peak.clone(),
         (None, Some(peak)) if opts.live_at_peak => {

@@ -487,6 +487,8 @@ pub struct CategoryFigures {
     /// Every module (a chain of link frames) that was called or allocated under, in the order
     /// first seen, a module before the modules it calls.
     pub modules: Vec<ModuleBytes>,
+    /// The categories were inferred (labels written by an importer's inference, not recorded).
+    pub inferred: bool,
 }
 
 /// One memory category's live bytes: a category is the innermost `Label` frame of an

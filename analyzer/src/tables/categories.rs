@@ -48,6 +48,9 @@ pub const UNLABELLED: &str = "(unlabelled)";
 pub struct Categories {
     /// The peak of live bytes the `at_peak_bytes` add up to.
     pub peak_used_bytes: u64,
+    /// The categories were inferred from stacks, phases and lifetimes (a file that records
+    /// none: docs/pytorch-files.md), not recorded.
+    pub inferred: bool,
     pub categories: Vec<CategoryRow>,
     pub modules: Vec<ModuleRow>,
     /// Whether any trace's replay computed them (`report` leaves the table out otherwise).
@@ -173,6 +176,7 @@ pub fn categories(p: &Profile) -> Categories {
     }
     Categories {
         peak_used_bytes,
+        inferred: computed.iter().any(|(_, f)| f.inferred),
         categories: cats,
         modules: in_tree_order(modules),
         computed: true,
@@ -306,6 +310,11 @@ pub fn render_table(t: &Categories) -> String {
             humanized(sum(|c| c.at_end_bytes)),
         ]);
         out.push_str(&table(&rows));
+        if t.inferred {
+            out.push_str(
+                "(inferred from stacks, phases and lifetimes: the file records no categories)\n",
+            );
+        }
     } else {
         out.push_str(
             "no memory categories in this trace (poolsight.torch.track() labels each allocation)\n",

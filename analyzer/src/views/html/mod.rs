@@ -39,7 +39,7 @@ fn live(trace: &Trace, profile: &Profile) -> LiveOverTime {
     profile
         .sources
         .first()
-        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS, LIVE_GROUPS))
+        .map(|s| live_over_time(trace, &s.series, LIVE_STACKS, LIVE_GROUPS, &[]))
         .unwrap_or_default()
 }
 

@@ -1,0 +1,253 @@
+//! Memory categories of a file that has none (a CUDA snapshot, a profiler trace read without
+//! its categories), inferred from what each allocation's stack says and from lifetimes: when it
+//! was made (forward, backward, optimizer step, outside them) and whether it outlived the part
+//! of the step that made it. One rule a category, in order (docs/pytorch-files.md lists them
+//! with their evidence):
+//!
+//! 1. **before recording**: live from the start, with no stack to tell what it is.
+//! 2. **gradient**: made in the backward pass and still live when the backward pass is over
+//!    (the next allocation outside it); **temporary** when freed inside it.
+//! 3. **optimizer_state**: made in an optimizer step (a frame under `torch/optim/`, or an
+//!    `Optimizer.step` range) and still live when the step is over; **temporary** otherwise.
+//! 4. **parameter**: made by a module's construction or its move to a device (`__init__`,
+//!    `_apply`, `reset_parameters`, `torch/nn/init.py`, `torch/nn/parameter.py`, `torch.load`)
+//!    and never freed, or live from the start and never freed before a backward pass that
+//!    came after.
+//! 5. **input**: made outside every module's forward, before the first module forward of its
+//!    step, and still live when that forward began.
+//! 6. **activation**: made outside backward and optimizer steps, still live when a backward
+//!    pass that came after it began (autograd saved it), or never freed.
+//! 7. **temporary**: everything else: made and freed before any backward pass used it.
+//!
+//! The inference needs only what a stack says of itself ([`Evidence`]) and the order of
+//! events: it is a pure function of them.
+
+/// What one allocation's stack and context say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// Made in the backward pass (the autograd engine's frames, an autograd node,
+    /// `torch.autograd.backward`).
+    pub backward: bool,
+    /// Made in an optimizer step.
+    pub optimizer: bool,
+    /// Made under a module's `forward`.
+    pub forward: bool,
+    /// Made by a module's construction or move (see rule 4).
+    pub parameter: bool,
+    /// The block was live from the start of the file.
+    pub before: bool,
+    /// The file holds frames for it.
+    pub has_stack: bool,
+}
+
+/// One allocation: its evidence and the position of its free among the allocations (the
+/// index of the first allocation made after it was freed; `None`: never freed).
+#[derive(Debug, Clone, Copy)]
+pub struct Life {
+    pub evidence: Evidence,
+    pub freed_before: Option<usize>,
+}
+
+pub const PARAMETER: &str = "parameter";
+pub const GRADIENT: &str = "gradient";
+pub const OPTIMIZER_STATE: &str = "optimizer_state";
+pub const INPUT: &str = "input";
+pub const ACTIVATION: &str = "activation";
+pub const TEMPORARY: &str = "temporary";
+pub const BEFORE_RECORDING: &str = "before recording";
+
+/// The file of the label frame an inferred category is written with: reports tell inferred
+/// categories from recorded ones by it (`categories`' `"inferred": true`).
+pub const INFERRED: &str = poolsight_schema::INFERRED_LABEL;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Backward,
+    Optimizer,
+    Other,
+}
+
+fn part(e: &Evidence) -> Part {
+    if e.backward {
+        Part::Backward
+    } else if e.optimizer {
+        Part::Optimizer
+    } else {
+        Part::Other
+    }
+}
+
+/// The category of each allocation of `lives`, given in the order they were made.
+pub fn categories(lives: &[Life]) -> Vec<&'static str> {
+    let n = lives.len();
+    // For each allocation: where the stretch of its part (backward, optimizer, other) ends,
+    // as the index of the first allocation of another part after it (n: none).
+    let mut part_end = vec![n; n];
+    for i in (0..n.saturating_sub(1)).rev() {
+        let (p, q) = (part(&lives[i].evidence), part(&lives[i + 1].evidence));
+        part_end[i] = if p == q { part_end[i + 1] } else { i + 1 };
+    }
+    // The first backward allocation at or after each index (n: none).
+    let mut next_backward = vec![n; n + 1];
+    for i in (0..n).rev() {
+        next_backward[i] = if lives[i].evidence.backward {
+            i
+        } else {
+            next_backward[i + 1]
+        };
+    }
+    // The first module-forward allocation of each stretch outside backward and optimizer,
+    // for inputs: index of the first `forward` allocation at or after i within its stretch.
+    let mut next_forward = vec![n; n + 1];
+    for i in (0..n).rev() {
+        let e = &lives[i].evidence;
+        next_forward[i] = if part(e) != Part::Other {
+            n
+        } else if e.forward {
+            i
+        } else {
+            next_forward[i + 1]
+        };
+    }
+    let outlives = |l: &Life, end: usize| l.freed_before.is_none_or(|f| f > end);
+    lives
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let e = &l.evidence;
+            if e.before && !e.has_stack {
+                return BEFORE_RECORDING;
+            }
+            match part(e) {
+                Part::Backward if outlives(l, part_end[i]) => GRADIENT,
+                Part::Optimizer if outlives(l, part_end[i]) => OPTIMIZER_STATE,
+                Part::Backward | Part::Optimizer => TEMPORARY,
+                Part::Other => {
+                    let backward_after = next_backward[i + 1];
+                    if (e.parameter || e.before) && l.freed_before.is_none() {
+                        return PARAMETER;
+                    }
+                    if e.before && l.freed_before.is_some_and(|f| f > backward_after) {
+                        return PARAMETER;
+                    }
+                    let forward = next_forward[i + 1];
+                    if !e.forward && forward < n && outlives(l, forward) {
+                        return INPUT;
+                    }
+                    if backward_after < n && outlives(l, backward_after) {
+                        return ACTIVATION;
+                    }
+                    if l.freed_before.is_none() {
+                        return ACTIVATION;
+                    }
+                    TEMPORARY
+                }
+            }
+        })
+        .collect()
+}
+
+/// Whether a Python frame says the block is a parameter being made (rule 4).
+pub fn makes_parameter(file: &str, function: &str) -> bool {
+    (file.contains("torch/nn/modules/")
+        && matches!(
+            function,
+            "__init__" | "_apply" | "reset_parameters" | "to" | "cuda" | "convert"
+        ))
+        || file.contains("torch/nn/init.py")
+        || file.contains("torch/nn/parameter.py")
+        || file.contains("torch/serialization.py")
+}
+
+/// Whether a Python frame is an optimizer's (rule 3).
+pub fn in_optimizer(file: &str) -> bool {
+    file.contains("torch/optim/") && !file.contains("lr_scheduler")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(e: Evidence, freed_before: Option<usize>) -> Life {
+        Life {
+            evidence: e,
+            freed_before,
+        }
+    }
+
+    #[test]
+    fn a_training_step_reads_as_its_categories() {
+        let param = Evidence {
+            parameter: true,
+            has_stack: true,
+            ..Default::default()
+        };
+        let top = Evidence {
+            has_stack: true,
+            ..Default::default()
+        };
+        let fwd = Evidence {
+            forward: true,
+            ..top
+        };
+        let bwd = Evidence {
+            backward: true,
+            ..top
+        };
+        let opt = Evidence {
+            optimizer: true,
+            ..top
+        };
+        let lives = [
+            life(param, None),   // 0 weight
+            life(top, Some(12)), // 1 the batch, freed at the step's end
+            life(fwd, Some(7)),  // 2 an activation, freed in backward
+            life(fwd, Some(4)),  // 3 a temporary of the forward
+            life(top, Some(7)),  // 4 the loss, freed in backward
+            life(bwd, Some(7)),  // 5 a temporary of the backward
+            life(bwd, Some(11)), // 6 the weight's gradient, freed by zero_grad
+            life(opt, None),     // 7 optimizer state
+            life(opt, Some(9)),  // 8 a temporary of the step
+            life(opt, None),     // 9 optimizer state
+            life(top, Some(11)), // 10 made after the step, freed before any backward
+            life(
+                Evidence {
+                    before: true,
+                    ..Default::default()
+                },
+                None,
+            ), // 11
+        ];
+        assert_eq!(
+            categories(&lives),
+            [
+                PARAMETER,
+                INPUT,
+                ACTIVATION,
+                TEMPORARY,
+                ACTIVATION,
+                TEMPORARY,
+                GRADIENT,
+                OPTIMIZER_STATE,
+                TEMPORARY,
+                OPTIMIZER_STATE,
+                TEMPORARY,
+                BEFORE_RECORDING,
+            ]
+        );
+    }
+
+    #[test]
+    fn evidence_from_frames() {
+        assert!(makes_parameter(
+            "/x/site-packages/torch/nn/modules/module.py",
+            "_apply"
+        ));
+        assert!(makes_parameter("torch/nn/modules/linear.py", "__init__"));
+        assert!(!makes_parameter("torch/nn/modules/linear.py", "forward"));
+        assert!(in_optimizer("/x/site-packages/torch/optim/adamw.py"));
+        assert!(!in_optimizer(
+            "/x/site-packages/torch/optim/lr_scheduler.py"
+        ));
+    }
+}

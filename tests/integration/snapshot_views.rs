@@ -1,0 +1,207 @@
+//! A real-shaped snapshot reads as the user's model: the `user` frames by default, inferred
+//! categories, `record_function` ranges as functions, segments kept (fixtures/pytorch/make.py
+//! writes the files: a training step with C++ stacks, a notebook cell that runs out of memory,
+//! and the same notebook's OOM dump with segments only).
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{cli, Outcome};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/pytorch")
+        .join(name)
+}
+
+fn ok(o: Outcome) -> Outcome {
+    assert_eq!(o.code, 0, "stdout: {}\nstderr: {}", o.stdout, o.stderr);
+    o
+}
+
+fn step() -> String {
+    fixture("snapshot_step_cpp.pickle").display().to_string()
+}
+
+#[test]
+fn the_default_frames_are_the_users_lines_modules_and_operators() {
+    let s = step();
+    let user = ok(cli(&["lines", &s])).stdout;
+    let viewer = ok(cli(&["lines", "--frames", "viewer", &s])).stdout;
+    // The user's own lines, paths from their common directory; module forwards from
+    // site-packages on; the operator that allocated as the leaf.
+    for want in [
+        "train.py:76:main",
+        "model.py:20:forward",
+        "torch/nn/modules/linear.py:125:forward",
+        ":0:aten::addmm",
+        ":0:MmBackward0",
+        ":0:aten::mm",
+    ] {
+        assert!(user.contains(want), "{want} not in\n{user}");
+    }
+    // Launchers, libc, the interpreter, the dispatcher and PyTorch's plumbing are gone.
+    for gone in [
+        "_start",
+        "runpy",
+        "_call_impl",
+        "_wrapped_call_impl",
+        "RegisterCUDA",
+        "at::_ops",
+        "/home/me/proj/",
+        "ceval",
+        "start_thread",
+    ] {
+        assert!(!user.contains(gone), "{gone} in\n{user}");
+    }
+    // The viewer's frames are as before: every C++ frame it keeps.
+    assert!(viewer.contains("wrap_kernel_functor_unboxed_"), "{viewer}");
+    assert!(user.lines().count() * 2 < viewer.lines().count());
+    // Both count the same bytes.
+    let root = |t: &str| t.lines().next().unwrap().to_string();
+    assert_eq!(root(&user), root(&viewer));
+}
+
+#[test]
+fn a_notebook_reads_from_the_users_cell() {
+    let s = fixture("snapshot_notebook_oom.pickle")
+        .display()
+        .to_string();
+    let lines = ok(cli(&["lines", &s])).stdout;
+    let second = lines.lines().nth(1).unwrap_or("");
+    assert!(
+        second.trim_start().starts_with("2734571.py:3:<module>")
+            || second
+                .trim_start()
+                .starts_with("/tmp/ipykernel_4021/2734571.py:3:<module>"),
+        "{lines}"
+    );
+    for gone in [
+        "ipykernel",
+        "tornado",
+        "asyncio",
+        "IPython",
+        "traitlets",
+        "runpy",
+    ] {
+        assert!(!lines.contains(gone), "{gone} in\n{lines}");
+    }
+    // Two different lines of the cell stay two rows.
+    assert!(
+        lines.contains(":7:make") && lines.contains(":8:make"),
+        "{lines}"
+    );
+}
+
+#[test]
+fn categories_are_inferred_where_the_file_has_none() {
+    let j = ok(cli(&["categories", "--format", "json", &step()])).json();
+    assert_eq!(j["inferred"], true);
+    let at_end = |name: &str| {
+        j["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["category"] == name)
+            .map(|c| c["at_end_bytes"].as_u64().unwrap())
+            .unwrap_or_else(|| panic!("no {name} in {j}"))
+    };
+    let max = |name: &str| {
+        j["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["category"] == name)
+            .map(|c| c["max_bytes"].as_u64().unwrap())
+            .unwrap()
+    };
+    // make.py: weights of 4 MiB and 1 MiB, biases of 4 KiB and 1 KiB.
+    let params = (4 << 20) + 4096 + (1 << 20) + 1024;
+    assert_eq!(at_end("parameter"), params);
+    // AdamW: two states per parameter, made in the first step and kept.
+    assert_eq!(at_end("optimizer_state"), 2 * params);
+    // Every parameter's gradient, live between backward and zero_grad.
+    assert_eq!(max("gradient"), params);
+    assert_eq!(max("input"), 16 << 20);
+    assert_eq!(at_end("activation"), 0);
+    // The categories add up to the peak.
+    let sum: u64 = j["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["at_peak_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, j["peak_used_bytes"].as_u64().unwrap());
+    // The lines say which labels were inferred.
+    let lines = ok(cli(&["lines", &step()])).stdout;
+    assert!(lines.contains("inferred:0:gradient"), "{lines}");
+}
+
+#[test]
+fn user_categories_come_first_and_bad_rules_are_usage_errors() {
+    let s = step();
+    let j = ok(cli(&[
+        "categories",
+        "--format",
+        "json",
+        "--category",
+        "first layer=linear\\.py",
+        "--category",
+        "never=linear\\.py|relu",
+        &s,
+    ]))
+    .json();
+    let names: Vec<&str> = j["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["category"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"first layer"), "{names:?}");
+    // relu's output matches only the second rule; linear's both, and the first wins.
+    assert!(names.contains(&"never"), "{names:?}");
+    for bad in ["x=(", "noequals", "=x"] {
+        let o = cli(&["categories", "--category", bad, &s]);
+        assert_eq!(o.code, 2, "{bad}: {}", o.stderr);
+        assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr);
+    }
+}
+
+#[test]
+fn record_function_ranges_are_functions_and_profiler_steps_epochs() {
+    let s = step();
+    let j = ok(cli(&["functions", "--format", "json", &s])).json();
+    let row = |name: &str| {
+        j["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {j}"))
+            .clone()
+    };
+    let step = row("Optimizer.step#AdamW.step");
+    assert_eq!(step["occurrence"], 2);
+    // Two states and one temporary per parameter in the first step, one temporary in the
+    // second.
+    let params = (4u64 << 20) + 4096 + (1 << 20) + 1024;
+    assert_eq!(step["used_bytes"].as_u64().unwrap(), 4 * params);
+    assert_eq!(row("Optimizer.zero_grad#AdamW.zero_grad")["used_bytes"], 0);
+    let t = ok(cli(&["timers", "--functions", "--format", "json", &s])).json();
+    assert!(t["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["name"] == "Optimizer.step#AdamW.step" && r["occurrence"] == 2));
+    let e = ok(cli(&["epochs", "--format", "json", &s])).json();
+    assert_eq!(e["epochs"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn segments_only_dumps_keep_their_segments() {
+    let s = fixture("snapshot_oom_dump.pickle").display().to_string();
+    let info = ok(cli(&["info", "--format", "json", &s])).json();
+    // The notebook's allocator (make.py): twelve 3 MiB blocks in 20 MiB segments, eight on the
+    // default stream (two segments), four on another (one): three segments, not one lump.
+    assert_eq!(info["events"]["alloc_post"], 3, "{info}");
+    assert_eq!(info["pool"]["acquired_at_end_bytes"], 3 * (20 << 20));
+}
