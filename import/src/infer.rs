@@ -4,15 +4,18 @@
 //! of the step that made it. One rule a category, in order (docs/pytorch-files.md lists them
 //! with their evidence):
 //!
-//! 1. **before recording**: live from the start, with no stack to tell what it is.
+//! 1. **before recording**: live from the start, and nothing in its stack (if it has one)
+//!    says what it is: no module construction, forward, backward or optimizer step.
 //! 2. **gradient**: made in the backward pass and still live when the backward pass is over
 //!    (the next allocation outside it); **temporary** when freed inside it.
-//! 3. **optimizer_state**: made in an optimizer step (a frame under `torch/optim/`, or an
-//!    `Optimizer.step` range) and still live when the step is over; **temporary** otherwise.
+//! 3. **optimizer_state**: made in an optimizer step (a frame under `torch/optim/` with none of
+//!    the user's own inside it, as in a closure's forward; or, for a stack without Python
+//!    frames, an `Optimizer.step` range open) and still live when the step is over;
+//!    **temporary** otherwise.
 //! 4. **parameter**: made by a module's construction or its move to a device (`__init__`,
 //!    `_apply`, `reset_parameters`, `torch/nn/init.py`, `torch/nn/parameter.py`, `torch.load`)
-//!    and never freed, or live from the start and never freed before a backward pass that
-//!    came after.
+//!    and never freed. A block live from the start made under a module's forward is an
+//!    **activation**.
 //! 5. **input**: made outside every module's forward, before the first module forward of its
 //!    step, and still live when that forward began.
 //! 6. **activation**: made outside backward and optimizer steps, still live when a backward
@@ -38,6 +41,8 @@ pub struct Evidence {
     pub before: bool,
     /// The file holds frames for it.
     pub has_stack: bool,
+    /// Some of its frames are Python code.
+    pub python: bool,
 }
 
 /// One allocation: its evidence and the position of its free among the allocations (the
@@ -46,6 +51,18 @@ pub struct Evidence {
 pub struct Life {
     pub evidence: Evidence,
     pub freed_before: Option<usize>,
+    /// The same storage made again right where it was freed (a snapshot PyTorch made from a
+    /// profile frees and allocates a tensor at each in-place update, one version after
+    /// another): the earlier version, an allocation or a block live from the start.
+    pub prev: Option<Prev>,
+}
+
+/// What an allocation continues ([`Life::prev`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prev {
+    Life(usize),
+    /// A block live from the start of the file.
+    Before,
 }
 
 pub const PARAMETER: &str = "parameter";
@@ -77,8 +94,61 @@ fn part(e: &Evidence) -> Part {
     }
 }
 
-/// The category of each allocation of `lives`, given in the order they were made.
+/// The category of each allocation of `lives`, given in the order they were made. The
+/// versions of one storage ([`Life::prev`]) are one allocation, made as the first was and
+/// freed as the last was: they share its category. A storage live from the start and made
+/// again in an optimizer step (updated in place) is a parameter.
 pub fn categories(lives: &[Life]) -> Vec<&'static str> {
+    let n = lives.len();
+    let mut head: Vec<usize> = (0..n).collect();
+    let mut from_start = vec![false; n];
+    for i in 0..n {
+        match lives[i].prev {
+            Some(Prev::Life(p)) if p < i => head[i] = head[p],
+            Some(Prev::Before) => from_start[i] = true,
+            _ => {}
+        }
+    }
+    // Each storage's life: its first version's evidence, its last version's free.
+    let mut merged: Vec<Life> = lives.to_vec();
+    let mut updated_by_optimizer = vec![false; n];
+    // Where an allocation without a stack was made: in the part of the last one with a stack
+    // (PyTorch gives the versions of a storage that was there before the profile no stack).
+    let mut context = Part::Other;
+    for i in 0..n {
+        let e = &lives[i].evidence;
+        let here = if e.has_stack { part(e) } else { context };
+        if e.has_stack {
+            context = here;
+        }
+        updated_by_optimizer[head[i]] |= here == Part::Optimizer;
+        let h = head[i];
+        if h != i {
+            merged[h].freed_before = match (merged[h].freed_before, lives[i].freed_before) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+    }
+    let single = single_categories(&merged);
+    (0..n)
+        .map(|i| {
+            let h = head[i];
+            if from_start[h] {
+                if updated_by_optimizer[h] {
+                    PARAMETER
+                } else {
+                    BEFORE_RECORDING
+                }
+            } else {
+                single[h]
+            }
+        })
+        .collect()
+}
+
+/// [`categories`] of allocations each one storage.
+fn single_categories(lives: &[Life]) -> Vec<&'static str> {
     let n = lives.len();
     // For each allocation: where the stretch of its part (backward, optimizer, other) ends,
     // as the index of the first allocation of another part after it (n: none).
@@ -124,11 +194,15 @@ pub fn categories(lives: &[Life]) -> Vec<&'static str> {
                 Part::Backward | Part::Optimizer => TEMPORARY,
                 Part::Other => {
                     let backward_after = next_backward[i + 1];
-                    if (e.parameter || e.before) && l.freed_before.is_none() {
+                    if e.parameter && l.freed_before.is_none() {
                         return PARAMETER;
                     }
-                    if e.before && l.freed_before.is_some_and(|f| f > backward_after) {
-                        return PARAMETER;
+                    if e.before {
+                        return if e.forward {
+                            ACTIVATION
+                        } else {
+                            BEFORE_RECORDING
+                        };
                     }
                     let forward = next_forward[i + 1];
                     if !e.forward && forward < n && outlives(l, forward) {
@@ -172,6 +246,7 @@ mod tests {
         Life {
             evidence: e,
             freed_before,
+            prev: None,
         }
     }
 
@@ -198,7 +273,7 @@ mod tests {
             optimizer: true,
             ..top
         };
-        let lives = [
+        let mut lives = vec![
             life(param, None),   // 0 weight
             life(top, Some(12)), // 1 the batch, freed at the step's end
             life(fwd, Some(7)),  // 2 an activation, freed in backward
@@ -235,6 +310,20 @@ mod tests {
                 BEFORE_RECORDING,
             ]
         );
+        // Versions of one storage: a gradient accumulated in place in a second backward
+        // pass stays a gradient; a block from the start updated by the optimizer is a
+        // parameter.
+        lives[6].freed_before = Some(8);
+        lives[8] = Life {
+            prev: Some(Prev::Life(6)),
+            ..life(opt, Some(11))
+        };
+        lives.push(Life {
+            prev: Some(Prev::Before),
+            ..life(opt, None)
+        });
+        let c = categories(&lives);
+        assert_eq!((c[6], c[8], c[12]), (GRADIENT, GRADIENT, PARAMETER));
     }
 
     #[test]

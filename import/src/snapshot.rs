@@ -862,8 +862,17 @@ fn evidence(t: &Tables, s: &Store<Made>, frames: u32) -> infer::Evidence {
         ..Default::default()
     };
     for &(name, file, _) in &raw {
-        e.optimizer |= infer::in_optimizer(file);
-        e.forward |= name == "forward" && file.ends_with(".py");
+        if !file.ends_with(".py") {
+            continue;
+        }
+        e.python = true;
+        // The optimizer's, unless the user's own code runs inside it (a closure).
+        if infer::in_optimizer(file) {
+            e.optimizer = true;
+        } else if crate::frames::is_user_file(file) {
+            e.optimizer = false;
+        }
+        e.forward |= name == "forward";
         e.parameter |= infer::makes_parameter(file, name);
     }
     e
@@ -880,6 +889,7 @@ fn initial_category(t: &Tables, s: &Store<Made>, frames: u32) -> &'static str {
     infer::categories(&[infer::Life {
         evidence: e,
         freed_before: None,
+        prev: None,
     }])[0]
 }
 
@@ -894,25 +904,39 @@ fn infer_categories(
     let mut by_frames: FxHashMap<u32, infer::Evidence> = FxHashMap::default();
     let mut lives: Vec<infer::Life> = Vec::new();
     let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+    // The last free: (address, size, the version it ended), for an allocation made right
+    // where it was (the next version of the same storage).
+    let mut last_free: Option<(u64, u64, infer::Prev)> = None;
     for (i, e) in entries.iter().enumerate() {
         phases.at(times[i]);
+        let just_freed = last_free.take();
         match e.action {
             Ok(Action::Alloc) => {
                 let mut ev = *by_frames
                     .entry(e.frames)
                     .or_insert_with(|| evidence(t, s, e.frames));
-                ev.optimizer |= phases.in_optimizer_step();
+                ev.optimizer |= !ev.python && !ev.backward && phases.in_optimizer_step();
                 live.insert(e.addr, lives.len());
+                let prev = just_freed
+                    .filter(|&(addr, size, _)| addr == e.addr && size == e.size)
+                    .map(|(_, _, p)| p);
                 lives.push(infer::Life {
                     evidence: ev,
                     freed_before: None,
+                    prev,
                 });
             }
             Ok(Action::FreeCompleted) => {
-                if let Some(k) = live.remove(&e.addr) {
-                    lives[k].freed_before = Some(lives.len());
-                }
+                let prev = match live.remove(&e.addr) {
+                    Some(k) => {
+                        lives[k].freed_before = Some(lives.len());
+                        infer::Prev::Life(k)
+                    }
+                    None => infer::Prev::Before,
+                };
+                last_free = Some((e.addr, e.size, prev));
             }
+            Ok(Action::FreeRequested) => last_free = just_freed,
             _ => {}
         }
     }

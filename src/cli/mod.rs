@@ -13,6 +13,7 @@ mod diff;
 mod export;
 mod import;
 mod load;
+mod oom;
 mod output;
 mod tables;
 mod views;
@@ -83,6 +84,13 @@ enum Command {
     /// Every report: headline figures, functions, lines, timers and epochs, and categories for
     /// a trace whose allocations carry them.
     Report(tables::ReportArgs),
+    /// Why a run ran out of memory: the request, reserved against allocated, per pool and
+    /// stream the largest free block, what was live by category and line, what would help.
+    ///
+    /// Reads a PyTorch snapshot dumped at an OOM (segments only, or with its trace), a
+    /// snapshot whose trace holds an `oom` entry, or a trace with poolsight's OutOfMemory
+    /// events. A file without an out-of-memory gets the state at its end explained.
+    Oom(oom::OomArgs),
     /// A flamegraph SVG (inferno) of the calling contexts, by bytes or time.
     ///
     /// used: bytes taken from the pool; acquired: bytes the pool took from the device; peak:
@@ -210,6 +218,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Epochs(a) => tables::epochs(a, &mut out)?,
         Command::Categories(a) => tables::categories(a, &mut out)?,
         Command::Report(a) => tables::report(a, &mut out)?,
+        Command::Oom(a) => oom::oom(a, &mut out)?,
         Command::Flamegraph(a) => views::flamegraph(a)?,
         Command::Timeline(a) => views::timeline(a)?,
         Command::Html(a) => views::html(a)?,

@@ -215,14 +215,37 @@ pub fn report(args: ReportArgs, out: &mut impl Write) -> anyhow::Result<()> {
         (_, None) => "summary",
     };
     let opts = ReportOptions::default();
-    let v = computed(input, CategoryPass::IfLabelled, |p| {
-        Report::compute(p, &opts)
-    })?;
+    // What was live at the peak opens the report: one more walk, to the peak.
+    let replay = ReplayOptions {
+        categories: CategoryPass::IfLabelled,
+        live_at_peak: true,
+        ..ReplayOptions::default()
+    };
+    let loaded = load_traces(&input.traces, replay)?;
+    let ooms = loaded
+        .profiles
+        .iter()
+        .any(|p| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
+        .then(|| super::oom::ooms_of(&loaded.traces));
+    let v: Vec<(String, Report)> =
+        poolsight::analyzer::read::load::views(loaded.profiles.clone(), input.per_rank)
+            .into_iter()
+            .map(|v| (v.heading, Report::compute(&v.profile, &opts)))
+            .collect();
     emit(
         out,
         input.format,
         &v,
         |r| r.render_table(&opts),
         |r| r.render_csv(table).unwrap_or_default(),
-    )
+    )?;
+    // Why it ran out of memory, after the tables, when a file holds an out-of-memory.
+    if let (Format::Table, Some(ooms)) = (input.format, ooms) {
+        let text = poolsight::analyzer::tables::oom::render_table(
+            &ooms,
+            super::oom::device_namer(&loaded.traces),
+        );
+        write!(out, "\n{text}")?;
+    }
+    Ok(())
 }

@@ -205,3 +205,104 @@ fn segments_only_dumps_keep_their_segments() {
     assert_eq!(info["events"]["alloc_post"], 3, "{info}");
     assert_eq!(info["pool"]["acquired_at_end_bytes"], 3 * (20 << 20));
 }
+
+#[test]
+fn oom_explains_a_notebooks_out_of_memory() {
+    let s = fixture("snapshot_notebook_oom.pickle")
+        .display()
+        .to_string();
+    let j = ok(cli(&["oom", "--format", "json", &s])).json();
+    let ooms = j["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{j}");
+    let o = &ooms[0];
+    let mib = |n: u64| n << 20;
+    assert_eq!(o["requested_bytes"], mib(16));
+    assert_eq!(o["device_free_bytes"], mib(3));
+    assert_eq!(o["reserved_bytes"], mib(60));
+    assert_eq!(o["allocated_bytes"], mib(18));
+    assert_eq!(o["reserved_unallocated_bytes"], mib(42));
+    let pools = o["pools"].as_array().unwrap();
+    let default = pools.iter().find(|p| p["stream"] == 0).unwrap();
+    assert_eq!(default["pool"], "large");
+    assert_eq!(default["segments"], 2);
+    assert_eq!(default["free_bytes"], mib(28));
+    // Three 3 MiB holes and a 2 MiB tail in the first segment; a hole and a 14 MiB tail in
+    // the second (make.py): none holds 16 MiB.
+    assert_eq!(default["largest_free_block_bytes"], mib(14));
+    assert_eq!(default["inactive_split_blocks"], 6);
+    assert_eq!(o["top_lines"][0]["bytes"], mib(18));
+    assert!(
+        o["top_lines"][0]["line"]
+            .as_str()
+            .unwrap()
+            .ends_with(":7:make"),
+        "{o}"
+    );
+    let advice = o["advice"].to_string();
+    assert!(advice.contains("expandable_segments:True"), "{advice}");
+    // The report ends with the same explanation.
+    let report = ok(cli(&["report", &s])).stdout;
+    assert!(
+        report.contains("out of memory on cuda:0, stream 0"),
+        "{report}"
+    );
+    assert!(report.contains("expandable_segments:True"), "{report}");
+    // No CSV form: a usage error.
+    assert_eq!(cli(&["oom", "--format", "csv", &s]).code, 2);
+}
+
+#[test]
+fn oom_on_a_dump_without_an_oom_entry_explains_its_end() {
+    let s = fixture("snapshot_oom_dump.pickle").display().to_string();
+    let j = ok(cli(&["oom", "--format", "json", &s])).json();
+    let o = &j["ooms"][0];
+    assert!(o["requested_bytes"].is_null(), "{o}");
+    assert_eq!(o["reserved_bytes"], 60u64 << 20);
+    assert_eq!(o["allocated_bytes"], 18u64 << 20);
+    assert_eq!(o["pools"].as_array().unwrap().len(), 2);
+    let text = ok(cli(&["oom", &s])).stdout;
+    assert!(text.starts_with("no out-of-memory in this file"), "{text}");
+}
+
+#[test]
+fn oom_reads_the_pools_own_out_of_memory() {
+    let t = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/traces/seed_fidelity.pstrace")
+        .display()
+        .to_string();
+    let j = ok(cli(&["oom", "--format", "json", &t])).json();
+    let o = &j["ooms"][0];
+    assert_eq!(o["requested_bytes"], 4u64 << 20);
+    // The simulated device holds 4 MiB; the pool held 1 MiB of it.
+    assert_eq!(o["reserved_bytes"], 1u64 << 20);
+    assert_eq!(o["device_free_bytes"], 3u64 << 20);
+    assert!(
+        o["advice"].to_string().contains("no allocator setting"),
+        "{o}"
+    );
+}
+
+#[test]
+fn report_opens_with_what_was_live_at_the_peak() {
+    let report = ok(cli(&["report", &step()])).stdout;
+    let peak = report.find("live at the peak: 64.02MB").expect(&report);
+    let functions = report.find("FunctionName").unwrap();
+    assert!(peak < functions, "{report}");
+    for want in [
+        "25%  activation",
+        "25%  input",
+        "train.py:74:main > aten::empty_strided",
+        "MmBackward0 > aten::mm",
+        "16%  Optimizer.step#AdamW.step",
+    ] {
+        assert!(report.contains(want), "{want} not in\n{report}");
+    }
+    let j = ok(cli(&["report", "--format", "json", &step()])).json();
+    let sum: u64 = j["peak"]["by_category"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, j["peak"]["peak_used_bytes"].as_u64().unwrap());
+}

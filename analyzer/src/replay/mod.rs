@@ -32,6 +32,7 @@ mod categories;
 mod downsample;
 mod live;
 mod merge;
+mod oom;
 mod profile;
 mod raised;
 mod stacks;
@@ -46,6 +47,7 @@ use std::sync::Arc;
 use crate::read::{ChunkKind, Trace};
 
 pub use live::{live_over_time, LiveOverTime};
+pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
     signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
     MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,

@@ -18,6 +18,8 @@ pub mod epochs;
 mod figures;
 pub mod functions;
 pub mod lines;
+pub mod oom;
+pub mod peak;
 pub mod render;
 pub mod summary;
 pub mod timers;
@@ -173,6 +175,8 @@ macro_rules! report_tables {
 // without labels) prints nothing in `report` and is left out of its JSON.
 report_tables! {
     summary: summary::Summary,
+    #[serde(skip_serializing_if = "peak::Peak::is_empty")]
+    peak: peak::Peak,
     functions: functions::Functions,
     lines: lines::Lines,
     timers: timers::Timers,

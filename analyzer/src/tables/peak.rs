@@ -1,0 +1,207 @@
+//! `report`'s first section: what was live at the peak of live bytes — in all, by memory
+//! category, by line (the user's line of each allocation: [`user_line`]) and by scope (the
+//! outermost `record_function` range or user scope, or module, of its stack) — largest first, each
+//! with its share. It needs the live bytes at the peak by stack
+//! ([`crate::ReplayOptions::live_at_peak`]); without them it prints nothing.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::render::{aligned, humanized};
+use super::{DiffKey, Figures, ReportOptions, Table};
+use crate::read::names::{FrameKind, Phase};
+use crate::replay::{user_line, Profile};
+
+/// Rows shown per grouping.
+const ROWS: usize = 8;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    /// The headline's peak (the largest rank's).
+    pub peak_used_bytes: u64,
+    /// The bytes the groupings share out: live at the peak, or, with several ranks, at each
+    /// rank's own peak, summed.
+    pub live_bytes: u64,
+    /// How many traces (ranks) the figures cover.
+    pub ranks: usize,
+    /// When, ns since the start (the rank whose peak is the headline's).
+    pub peak_ns: u64,
+    pub by_category: Vec<Share>,
+    pub by_line: Vec<Share>,
+    pub by_scope: Vec<Share>,
+    /// Whether the replay computed the live bytes at the peak.
+    #[serde(skip)]
+    pub computed: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Share {
+    pub name: String,
+    pub bytes: u64,
+}
+
+impl Peak {
+    pub fn is_empty(&self) -> bool {
+        !self.computed
+    }
+}
+
+fn top(map: HashMap<String, u64>, keep: usize) -> Vec<Share> {
+    let mut v: Vec<Share> = map
+        .into_iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(name, bytes)| Share { name, bytes })
+        .collect();
+    v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    if v.len() > keep {
+        let rest: u64 = v[keep..].iter().map(|s| s.bytes).sum();
+        let n = v.len() - keep;
+        v.truncate(keep);
+        v.push(Share {
+            name: format!("({n} more)"),
+            bytes: rest,
+        });
+    }
+    v
+}
+
+pub fn peak(p: &Profile) -> Peak {
+    let Some(source) = p.sources.iter().max_by_key(|s| s.pool.peak_used_bytes) else {
+        return Peak::default();
+    };
+    let live: u64 = p.tree.nodes.iter().map(|n| n.agg.live_at_peak_bytes).sum();
+    // Computed when the replay took the live bytes at the peak (they add up to it).
+    let computed = live > 0 || source.pool.peak_used_bytes == 0;
+    if !computed {
+        return Peak::default();
+    }
+    let (mut cats, mut lines, mut scopes) = (HashMap::new(), HashMap::new(), HashMap::new());
+    let mut any_label = false;
+    let mut any_scope = false;
+    for (i, n) in p.tree.nodes.iter().enumerate() {
+        let bytes = n.agg.live_at_peak_bytes;
+        if bytes == 0 {
+            continue;
+        }
+        let path = p.tree.path(i);
+        let label = path.iter().rev().find(|f| f.kind == FrameKind::Label);
+        any_label |= label.is_some();
+        let category = label.map_or("(unlabelled)".to_string(), |f| f.name.to_string());
+        *cats.entry(category).or_insert(0u64) += bytes;
+        *lines.entry(user_line(&path)).or_insert(0u64) += bytes;
+        // A `record_function` range or a scope of the user's (no phase), or a module.
+        let scope = path.iter().find(|f| {
+            f.kind == FrameKind::Link
+                || (matches!(f.kind, FrameKind::Function | FrameKind::Scope)
+                    && f.phase == Phase::None
+                    && f.file.is_empty())
+        });
+        any_scope |= scope.is_some();
+        let scope = scope.map_or("(outside every scope)".to_string(), |f| f.name.to_string());
+        *scopes.entry(scope).or_insert(0u64) += bytes;
+    }
+    Peak {
+        peak_used_bytes: source.pool.peak_used_bytes,
+        live_bytes: live,
+        ranks: p.sources.len(),
+        peak_ns: source.pool.peak_used_ns,
+        by_category: if any_label {
+            top(cats, ROWS)
+        } else {
+            Vec::new()
+        },
+        by_line: top(lines, ROWS),
+        by_scope: if any_scope {
+            top(scopes, ROWS)
+        } else {
+            Vec::new()
+        },
+        computed: true,
+    }
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.0}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+fn block(out: &mut String, title: &str, rows: &[Share], whole: u64) {
+    if rows.is_empty() {
+        return;
+    }
+    out.push_str(&format!("  {title}:\n"));
+    let figures: Vec<Vec<String>> = rows
+        .iter()
+        .map(|s| vec![format!("    {}", humanized(s.bytes)), pct(s.bytes, whole)])
+        .collect();
+    for (f, s) in aligned(&figures, false).lines().zip(rows) {
+        out.push_str(&format!("{f}  {}\n", s.name));
+    }
+}
+
+pub fn render_table(t: &Peak) -> String {
+    if t.is_empty() || t.peak_used_bytes == 0 {
+        return String::new();
+    }
+    let mut out = if t.ranks > 1 {
+        format!(
+            "live at each rank's own peak ({} ranks): {} in all\n",
+            t.ranks,
+            humanized(t.live_bytes)
+        )
+    } else {
+        format!(
+            "live at the peak: {} at {:.6} s\n",
+            humanized(t.peak_used_bytes),
+            t.peak_ns as f64 / 1e9
+        )
+    };
+    block(&mut out, "by category", &t.by_category, t.live_bytes);
+    block(&mut out, "by line", &t.by_line, t.live_bytes);
+    block(&mut out, "by scope", &t.by_scope, t.live_bytes);
+    out
+}
+
+#[derive(Serialize, Default)]
+struct ShareRow {
+    grouping: &'static str,
+    name: String,
+    bytes: u64,
+}
+
+impl Table for Peak {
+    const NAME: &'static str = "peak";
+    const FIGURES: &'static [DiffKey] = &[];
+
+    fn compute(p: &Profile, _: &ReportOptions) -> Peak {
+        peak(p)
+    }
+
+    fn render_table(&self, _: &ReportOptions) -> String {
+        render_table(self)
+    }
+
+    fn render_csv(&self) -> String {
+        let rows: Vec<ShareRow> = [
+            ("category", &self.by_category),
+            ("line", &self.by_line),
+            ("scope", &self.by_scope),
+        ]
+        .iter()
+        .flat_map(|(g, v)| {
+            v.iter().map(move |s| ShareRow {
+                grouping: g,
+                name: s.name.clone(),
+                bytes: s.bytes,
+            })
+        })
+        .collect();
+        super::csv::to_csv(&rows)
+    }
+
+    fn figures(&self, _: &mut Figures) {}
+}
