@@ -42,5 +42,7 @@ mod scopes;
 mod snapshots;
 #[path = "integration/visuals.rs"]
 mod visuals;
+#[path = "integration/whatif.rs"]
+mod whatif;
 #[path = "integration/windows.rs"]
 mod windows;

@@ -17,6 +17,7 @@ pub mod events;
 pub mod frames;
 pub mod kineto;
 pub mod pickle;
+pub mod settings;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};

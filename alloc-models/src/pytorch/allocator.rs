@@ -348,6 +348,29 @@ impl Allocator {
         self.release_cached_blocks();
     }
 
+    /// Returns the segment at `addr` to the device if it is cached whole (a recorded
+    /// `segment_free` replayed where the model's segments are the recorded ones); false when
+    /// the model holds no such free segment.
+    pub fn release_segment(&mut self, addr: u64) -> bool {
+        if !self.segments.contains_key(&addr) {
+            return false;
+        }
+        for small in [false, true] {
+            let found = self.pools[small as usize]
+                .blocks
+                .iter()
+                .find(|k| k.2 == addr)
+                .copied();
+            if let Some(k) = found {
+                if !self.is_split(k.3) && self.blocks[k.3 as usize].es == NIL {
+                    self.release_block(k.3);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
     fn unallocate(&mut self, b: u32) {
         let blk = &mut self.blocks[b as usize];
         blk.allocated = false;

@@ -59,6 +59,7 @@ pub fn check(requests: &[Request], settings: &Settings, capacity: Option<u64>) -
         .with_log()
         .with_address_hints(recorded.iter().map(|r| r.addr));
     let mut r = Replayer::new(alloc);
+    r.follow_recording = true;
     let expandable = settings.expandable_segments;
 
     // The recorded segments live as the replay reaches each request: address -> (size,

@@ -160,6 +160,10 @@ pub(super) struct Replayer {
     /// Recorded address of a live block -> the model's handle for it.
     pub(super) blocks: FxHashMap<u64, Handle>,
     pub(super) outcome: Outcome,
+    /// Replaying a recording with its own settings and addresses ([`super::check`]): each
+    /// recorded segment release is made on the model's segment at that address, and recorded
+    /// out-of-memory requests (whose releases are among the recorded ones) are not retried.
+    pub(super) follow_recording: bool,
 }
 
 impl Replayer {
@@ -168,6 +172,7 @@ impl Replayer {
             alloc,
             blocks: FxHashMap::default(),
             outcome: Outcome::default(),
+            follow_recording: false,
         }
     }
 
@@ -180,10 +185,12 @@ impl Replayer {
     ) {
         for (i, q) in requests.iter().enumerate() {
             match q.op {
+                Op::OutOfMemory if self.follow_recording => {}
                 Op::Malloc | Op::OutOfMemory => {
                     self.outcome.requests += 1;
                     match self.alloc.malloc(q.size, q.stream) {
                         Ok(h) => {
+                            self.after_malloc(q.ns);
                             if q.op == Op::OutOfMemory {
                                 self.alloc.free(h.id);
                             } else {
@@ -193,7 +200,6 @@ impl Replayer {
                                     self.alloc.free(old.id);
                                 }
                             }
-                            self.after_malloc(q.ns);
                         }
                         Err(oom) => {
                             self.after_malloc(q.ns);
@@ -228,6 +234,16 @@ impl Replayer {
                     }
                 }
                 Op::Acquire => {}
+                Op::Release if self.follow_recording => {
+                    if self.alloc.settings().expandable_segments {
+                        // Pages are unmapped only by releasing the whole cache.
+                        if i == 0 || requests[i - 1].op != Op::Release {
+                            self.alloc.empty_cache();
+                        }
+                    } else {
+                        self.alloc.release_segment(q.addr);
+                    }
+                }
                 Op::Release => {
                     let starts_run = i == 0 || requests[i - 1].op != Op::Release;
                     let next = requests[i..].iter().find(|r| r.op != Op::Release);
@@ -247,7 +263,7 @@ impl Replayer {
 
     fn after_malloc(&mut self, ns: u64) {
         let s = self.alloc.stats();
-        if s.reserved > self.outcome.reserved_peak {
+        if s.reserved >= self.outcome.reserved_peak && s.reserved > 0 {
             self.outcome.reserved_peak = s.reserved;
             self.outcome.reserved_peak_ns = ns;
             self.outcome.fragmentation = s.reserved - s.allocated;

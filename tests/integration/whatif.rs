@@ -1,0 +1,235 @@
+//! `poolsight whatif`: the model of PyTorch's caching allocator over the hand-made snapshots of
+//! fixtures/pytorch/make_whatif.py (each decision in them worked out from PyTorch's rules), the
+//! worked example of docs/whatif.md run as written, the JSON keys of SPEC §5.2, and bad input.
+
+use std::path::{Path, PathBuf};
+
+use crate::support::{cli, scratch, Outcome};
+
+const MIB: u64 = 1 << 20;
+
+fn fixture(name: &str) -> String {
+    Path::new("fixtures/pytorch")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn ok(o: &Outcome) {
+    assert_eq!(o.code, 0, "stdout: {}\nstderr: {}", o.stdout, o.stderr);
+}
+
+fn usage_error(o: &Outcome) {
+    assert_eq!(o.code, 2, "stdout: {}\nstderr: {}", o.stdout, o.stderr);
+    assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr);
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+}
+
+#[test]
+fn check_agrees_with_the_hand_made_snapshots() {
+    for (name, segments, blocks) in [("whatif_oom.pickle", 3, 6), ("whatif_mixed.pickle", 5, 12)] {
+        let j = cli(&["whatif", "--check", "--format", "json", &fixture(name)]).json();
+        let c = &j["checks"][0];
+        assert_eq!(c["device"], 0);
+        assert_eq!(c["segments_recorded"], segments, "{name}: {c}");
+        assert_eq!(c["segments_simulated"], segments, "{name}: {c}");
+        assert_eq!(c["segments_matching"], segments, "{name}: {c}");
+        assert_eq!(c["blocks_checked"], blocks, "{name}: {c}");
+        assert_eq!(c["block_offsets_matching"], blocks, "{name}: {c}");
+        assert_eq!(c["starts_empty"], true);
+        assert_eq!(c["exact"], true);
+    }
+    let t = cli(&["whatif", "--check", &fixture("whatif_mixed.pickle")]);
+    ok(&t);
+    assert!(t
+        .stdout
+        .contains("agrees with every recorded segment and block"));
+    assert!(t.stdout.contains("12 of 12"));
+}
+
+#[test]
+fn check_says_where_the_model_and_a_recording_part() {
+    // The old fixture places small blocks 1 MiB apart, which no caching allocator does.
+    let j = cli(&[
+        "whatif",
+        "--check",
+        "--format",
+        "json",
+        &fixture("snapshot_small.pickle"),
+    ])
+    .json();
+    let c = &j["checks"][0];
+    assert_eq!(c["exact"], false);
+    assert!(c["block_offsets_matching"].as_u64() < c["blocks_checked"].as_u64());
+    let m = c["first_mismatch"].as_str().unwrap();
+    assert!(m.contains("recorded at offset 1048576"), "{m}");
+}
+
+/// The console block of docs/whatif.md that runs `command`: its command and output lines.
+fn docs_example(command: &str) -> (String, String) {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/whatif.md"))
+            .unwrap();
+    let start = page
+        .find(&format!("$ {command}"))
+        .unwrap_or_else(|| panic!("docs/whatif.md has no `$ {command}`"));
+    let rest = &page[start..];
+    let end = rest.find("```").unwrap();
+    let block = &rest[..end];
+    let (first, output) = block.split_once('\n').unwrap();
+    (first[2..].to_string(), output.to_string())
+}
+
+#[test]
+fn the_worked_example_runs_as_written() {
+    let (command, expected) =
+        docs_example("poolsight whatif fixtures/pytorch/whatif_oom.pickle --setting");
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let o = cli(&args);
+    ok(&o);
+    let trim = |s: &str| {
+        s.lines()
+            .map(str::trim_end)
+            .collect::<Vec<_>>()
+            .join("\n")
+            .trim_end()
+            .to_string()
+    };
+    assert_eq!(trim(&o.stdout), trim(&expected));
+    // What the example says: the recorded settings fail, expandable segments fit.
+    assert!(o.stdout.contains("recorded (default)"));
+    let (check, expected) =
+        docs_example("poolsight whatif fixtures/pytorch/whatif_oom.pickle --check");
+    let args: Vec<&str> = check.split_whitespace().skip(1).collect();
+    let o = cli(&args);
+    ok(&o);
+    assert_eq!(trim(&o.stdout), trim(&expected));
+}
+
+#[test]
+fn json_has_the_keys_of_the_spec() {
+    let j = cli(&[
+        "whatif",
+        &fixture("whatif_oom.pickle"),
+        "--setting",
+        "expandable_segments:True",
+        "--setting",
+        "max_split_size_mb:20,roundup_power2_divisions:[1:4,2:4,>:2]",
+        "--min-capacity",
+        "--format",
+        "json",
+    ])
+    .json();
+    assert_eq!(j["allocator"], "pytorch");
+    assert_eq!(j["capacity_bytes"], 70 * MIB);
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for r in runs {
+        for key in [
+            "settings",
+            "reserved_peak_bytes",
+            "allocated_peak_bytes",
+            "fragmentation_bytes",
+            "fits",
+            "first_failure",
+            "min_capacity_bytes",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing: {r}");
+        }
+    }
+    let recorded = &runs[0];
+    assert_eq!(recorded["settings"], serde_json::json!({}));
+    assert_eq!(recorded["fits"], false);
+    assert_eq!(recorded["reserved_peak_bytes"], 60 * MIB);
+    let f = &recorded["first_failure"];
+    assert_eq!(f["requested_bytes"], 7 * MIB);
+    assert_eq!(f["line"], "train.py:22:backward");
+    assert!(f["ns"].as_u64().unwrap() > 0);
+    assert_eq!(recorded["min_capacity_bytes"], 80 * MIB);
+    let exp = &runs[1];
+    assert_eq!(exp["settings"]["expandable_segments"], "True");
+    assert_eq!(exp["fits"], true);
+    assert_eq!(exp["first_failure"], serde_json::Value::Null);
+    assert_eq!(exp["min_capacity_bytes"], 60 * MIB);
+    let combo = &runs[2];
+    assert_eq!(combo["settings"]["max_split_size_mb"], "20");
+    // As PyTorch parses it, `>` fills from the last interval named, that one included.
+    assert_eq!(combo["settings"]["roundup_power2_divisions"], "[1:4,2:2]");
+}
+
+#[test]
+fn capacity_in_human_units() {
+    for (cap, fits) in [
+        ("80MiB", true),
+        ("80MB", true),
+        ("83886080", true),
+        ("70MiB", false),
+    ] {
+        let j = cli(&[
+            "whatif",
+            &fixture("whatif_oom.pickle"),
+            "--capacity",
+            cap,
+            "--format",
+            "json",
+        ])
+        .json();
+        assert_eq!(
+            j["capacity_bytes"],
+            80 * MIB - if fits { 0 } else { 10 * MIB }
+        );
+        assert_eq!(j["runs"][0]["fits"], fits, "{cap}");
+    }
+    // Without a capacity nothing fails, and the table says so.
+    let o = cli(&["whatif", &fixture("whatif_mixed.pickle")]);
+    ok(&o);
+    assert!(o.stdout.contains("capacity none known"), "{}", o.stdout);
+    assert_eq!(o.stdout.lines().count(), 7, "{}", o.stdout);
+}
+
+#[test]
+fn poolsight_traces_replay_too() {
+    for t in [
+        "fixtures/traces/chainer_nested.pstrace",
+        "fixtures/traces/fastai_epochs.pstrace",
+    ] {
+        let j = cli(&["whatif", t, "--format", "json"]).json();
+        let runs = j["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 5, "{t}");
+        assert!(
+            runs[0]["reserved_peak_bytes"].as_u64().unwrap() > 0,
+            "{t}: {j}"
+        );
+        assert!(
+            runs[0]["reserved_peak_bytes"].as_u64() >= runs[0]["allocated_peak_bytes"].as_u64()
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let oom = fixture("whatif_oom.pickle");
+    usage_error(&cli(&["whatif", &oom, "--setting", "bogus:1"]));
+    usage_error(&cli(&["whatif", &oom, "--setting", "max_split_size_mb:5"]));
+    usage_error(&cli(&[
+        "whatif",
+        &oom,
+        "--setting",
+        "roundup_power2_divisions:3",
+    ]));
+    usage_error(&cli(&["whatif", &oom, "--capacity", "12XB"]));
+    usage_error(&cli(&["whatif", &oom, "--capacity", "0"]));
+    usage_error(&cli(&["whatif", &oom, "--format", "csv"]));
+    usage_error(&cli(&["whatif", "no-such-file.pickle"]));
+    let data = std::fs::read(&oom).unwrap();
+    let cut = scratch::file("cut.pickle");
+    for n in [10, data.len() / 2, data.len() - 1] {
+        std::fs::write(&cut, &data[..n]).unwrap();
+        let o = cli(&["whatif", cut.to_str().unwrap()]);
+        assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+        assert!(o.code == 2 || o.code == 0, "{}", o.stderr);
+    }
+    let dir: PathBuf = scratch::file("adir").to_path_buf();
+    std::fs::create_dir_all(&dir).unwrap();
+    usage_error(&cli(&["whatif", dir.to_str().unwrap()]));
+}
