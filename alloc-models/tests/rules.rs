@@ -126,6 +126,11 @@ fn a_block_is_reused_only_on_its_stream() {
     assert_eq!(seg_allocs(&a).len(), 2);
     let z = a.malloc(12 * MIB, 0).unwrap();
     assert_eq!(z.addr, x.addr);
+    // Stream 1's free block, though it fits, does not serve stream 0.
+    a.free(y.id);
+    let w = a.malloc(11 * MIB, 0).unwrap();
+    assert_ne!(w.addr, y.addr);
+    assert_eq!(seg_allocs(&a).len(), 3);
 }
 
 #[test]
@@ -481,4 +486,17 @@ fn check_agrees_with_a_recording_made_by_the_same_rules() {
         None,
     );
     assert!(!a.exact());
+}
+
+#[test]
+fn expandable_best_fit_counts_the_unmapped_range_after_a_block() {
+    let mut a = alloc("expandable_segments:True", Some(1 << 30));
+    let x = a.malloc(10 * MIB, 0).unwrap();
+    let _y = a.malloc(2 * MIB, 0).unwrap();
+    a.free(x.id);
+    // Free: 10 MiB at the start (before y), 8 MiB at the end of the mapped page (before the
+    // unmapped rest). By size the 8 MiB block fits 7 MiB best; counted with the range it can
+    // grow into, it is the larger, and the 10 MiB block is taken.
+    let r = a.malloc(7 * MIB, 0).unwrap();
+    assert_eq!(r.addr, x.addr);
 }

@@ -27,7 +27,11 @@ fn usage_error(o: &Outcome) {
 
 #[test]
 fn check_agrees_with_the_hand_made_snapshots() {
-    for (name, segments, blocks) in [("whatif_oom.pickle", 3, 6), ("whatif_mixed.pickle", 5, 12)] {
+    for (name, segments, blocks) in [
+        ("whatif_oom.pickle", 3, 6),
+        ("whatif_settings.pickle", 3, 6),
+        ("whatif_mixed.pickle", 5, 12),
+    ] {
         let j = cli(&["whatif", "--check", "--format", "json", &fixture(name)]).json();
         let c = &j["checks"][0];
         assert_eq!(c["device"], 0);
@@ -45,6 +49,39 @@ fn check_agrees_with_the_hand_made_snapshots() {
         .stdout
         .contains("agrees with every recorded segment and block"));
     assert!(t.stdout.contains("12 of 12"));
+}
+
+#[test]
+fn the_recorded_settings_are_the_first_row() {
+    let o = cli(&["whatif", &fixture("whatif_settings.pickle")]);
+    ok(&o);
+    let row = o.stdout.lines().nth(2).unwrap();
+    assert!(
+        row.starts_with(
+            "recorded (max_split_size_mb:64,max_non_split_rounding_mb:32,roundup_power2_divisions:4)"
+        ),
+        "{}",
+        o.stdout
+    );
+    // An alternative keeps the recorded options it does not set.
+    let j = cli(&[
+        "whatif",
+        &fixture("whatif_settings.pickle"),
+        "--setting",
+        "expandable_segments:True",
+        "--format",
+        "json",
+    ])
+    .json();
+    let alt = &j["runs"][1]["settings"];
+    assert_eq!(alt["expandable_segments"], "True");
+    assert_eq!(alt["max_split_size_mb"], "64");
+    let c = cli(&["whatif", "--check", &fixture("whatif_settings.pickle")]);
+    assert!(
+        c.stdout.contains("settings max_split_size_mb:64"),
+        "{}",
+        c.stdout
+    );
 }
 
 #[test]
