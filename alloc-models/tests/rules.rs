@@ -469,14 +469,14 @@ fn check_agrees_with_a_recording_made_by_the_same_rules() {
         req(Op::Acquire, base + 40 * MIB, 12 * MIB, 6),
         req(Op::Malloc, base + 40 * MIB, 11 * MIB, 6),
     ];
-    let a = check(&run, &Settings::default(), None);
+    let a = check(&run, &Settings::default(), None, &[]);
     assert!(a.exact(), "{a:?}");
     assert_eq!((a.segments_recorded, a.blocks_checked), (2, 4));
     assert!(a.starts_empty);
     // A recording that placed the 3 MiB block elsewhere disagrees, and says where.
     let mut other = run.clone();
     other[5].addr = base + 10 * MIB;
-    let a = check(&other, &Settings::default(), None);
+    let a = check(&other, &Settings::default(), None, &[]);
     assert_eq!(a.block_offsets_matching, 3);
     assert!(a.first_mismatch.unwrap().contains("offset 10485760"));
     // With other settings the segments differ.
@@ -484,6 +484,7 @@ fn check_agrees_with_a_recording_made_by_the_same_rules() {
         &run,
         &Settings::parse("expandable_segments:True").unwrap(),
         None,
+        &[],
     );
     assert!(!a.exact());
 }

@@ -10,9 +10,10 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::read::{ChunkKind, Trace};
 use poolsight::analyzer::replay::{memory_requests, request_line, MemRequest, RequestKind};
-use poolsight_alloc_models::pytorch::check::{check, Agreement};
+use poolsight_alloc_models::pytorch::check::{check, Agreement, Held};
 use poolsight_alloc_models::pytorch::replay::{min_capacity, replay, Config, Op, Outcome, Request};
 use poolsight_alloc_models::pytorch::Settings;
+use poolsight_import::settings::HeldSegment;
 use poolsight_schema::kinds::MarkKind;
 use rayon::prelude::*;
 use serde::Serialize;
@@ -174,6 +175,7 @@ struct CheckJson {
     blocks_checked: u64,
     block_offsets_matching: u64,
     starts_empty: bool,
+    initial_segments: u64,
     exact: bool,
     first_mismatch: Option<String>,
 }
@@ -189,7 +191,7 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let mut checks = Vec::new();
     for (named, path) in args.traces.iter().zip(&converted) {
         check_trace_path(path)?;
-        let recorded = recorded_settings(named)?;
+        let (recorded, held) = recorded_state(named)?;
         // A converted snapshot's errors name the file as the user did.
         let trace = Trace::open(path).map_err(|e| {
             let text = e.to_string();
@@ -200,7 +202,12 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
         }
         for d in devices(&trace, named, args.capacity) {
             if args.check {
-                let a = check(&d.requests, &recorded, d.capacity);
+                let a = check(
+                    &d.requests,
+                    &recorded,
+                    d.capacity,
+                    &held_of(&held, d.device),
+                );
                 checks.push(check_json(&d, &recorded, a));
                 continue;
             }
@@ -303,20 +310,38 @@ fn is_request(op: Op) -> bool {
     matches!(op, Op::Malloc | Op::OutOfMemory)
 }
 
-/// The settings a file recorded: a snapshot's `allocator_settings`, else PyTorch's defaults.
-fn recorded_settings(named: &Path) -> anyhow::Result<Settings> {
+/// The settings a file recorded (a snapshot's `allocator_settings`, else PyTorch's defaults)
+/// and the segments a snapshot held at its end.
+fn recorded_state(named: &Path) -> anyhow::Result<(Settings, Vec<HeldSegment>)> {
     if !is_pytorch_file(named) {
-        return Ok(Settings::default());
+        return Ok((Settings::default(), Vec::new()));
     }
     let data = std::fs::read(named).with_context(|| format!("cannot read {}", named.display()))?;
-    if !poolsight_import::detect(&data).eq(&poolsight_import::Kind::Snapshot) {
-        return Ok(Settings::default());
+    if poolsight_import::detect(&data) != poolsight_import::Kind::Snapshot {
+        return Ok((Settings::default(), Vec::new()));
     }
-    match poolsight_import::settings::allocator_settings(&data)? {
-        Some(pairs) => Settings::from_recorded(&pairs)
-            .with_context(|| format!("the allocator_settings of {} do not parse", named.display())),
-        None => Ok(Settings::default()),
-    }
+    let state = poolsight_import::settings::allocator_state(&data)?;
+    let settings = match state.settings {
+        Some(pairs) => Settings::from_recorded(&pairs).with_context(|| {
+            format!("the allocator_settings of {} do not parse", named.display())
+        })?,
+        None => Settings::default(),
+    };
+    Ok((settings, state.segments))
+}
+
+/// A device's held segments, as the check takes them (expandable ones are left out).
+fn held_of(segments: &[HeldSegment], device: u32) -> Vec<Held> {
+    segments
+        .iter()
+        .filter(|s| s.device == device && !s.expandable)
+        .map(|s| Held {
+            addr: s.address,
+            size: s.total_size,
+            small: s.small,
+            allocated: s.allocated.clone(),
+        })
+        .collect()
 }
 
 /// `alt` applied over `base`: the options `alt` sets replace `base`'s.
@@ -497,6 +522,7 @@ fn check_json(d: &Device, s: &Settings, a: Agreement) -> CheckJson {
         blocks_checked: a.blocks_checked,
         block_offsets_matching: a.block_offsets_matching,
         starts_empty: a.starts_empty,
+        initial_segments: a.initial_segments,
         first_mismatch: a.first_mismatch,
     }
 }
@@ -657,9 +683,14 @@ fn check_table(checks: &[CheckJson]) -> String {
             "  blocks: {} of {} at the recorded offset in the recorded segment\n",
             c.block_offsets_matching, c.blocks_checked
         ));
-        if !c.starts_empty {
+        if !c.starts_empty && c.initial_segments > 0 {
+            s.push_str(&format!(
+                "  the recording began with {} segments held: the model starts from them, as the snapshot's segments imply\n",
+                c.initial_segments
+            ));
+        } else if !c.starts_empty {
             s.push_str(
-                "  note: the recording did not start with the allocator empty; the model did\n",
+                "  note: the recording did not start with the allocator empty and its segments do not say how it was: the model started empty\n",
             );
         }
         if let Some(m) = &c.first_mismatch {

@@ -348,6 +348,76 @@ impl Allocator {
         self.release_cached_blocks();
     }
 
+    /// Sets up a segment the allocator held before a recording began: `size` bytes at `addr`
+    /// on `stream`, in the small pool or the large, with the blocks `allocated` (address,
+    /// size; in address order, inside the segment) handed out and the gaps between them
+    /// cached as free blocks. Returns the handles of the allocated blocks, in order. Not a
+    /// device allocation of the run: it is not logged.
+    pub fn seed_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        stream: u32,
+        small: bool,
+        allocated: &[(u64, u64)],
+    ) -> Vec<Handle> {
+        self.segments.insert(addr, (size, self.next_ordinal));
+        self.next_ordinal += 1;
+        self.stats.reserved += size;
+        self.stats.segments += 1;
+        self.note_reserved();
+        let end = addr + size;
+        let mut pieces: Vec<(u64, u64, bool)> = Vec::new();
+        let mut at = addr;
+        for &(a, s) in allocated {
+            let (a, s) = (a.max(at), s.min(end.saturating_sub(a.max(at))));
+            if s == 0 {
+                continue;
+            }
+            if a > at {
+                pieces.push((at, a - at, false));
+            }
+            pieces.push((a, s, true));
+            at = a + s;
+        }
+        if at < end {
+            pieces.push((at, end - at, false));
+        }
+        let mut prev = NIL;
+        let mut handles = Vec::new();
+        let split = pieces.len() > 1;
+        for (a, s, taken) in pieces {
+            let mut blk = self.block(a, s, stream, small, NIL);
+            blk.prev = prev;
+            let b = self.new_block(blk);
+            if prev != NIL {
+                self.blocks[prev as usize].next = b;
+            }
+            prev = b;
+            if taken {
+                let id = self.next_id;
+                self.next_id += 1;
+                let o = &mut self.blocks[b as usize];
+                o.allocated = true;
+                o.id = id;
+                self.stats.allocated += s;
+                self.live.insert(id, b);
+                handles.push(Handle {
+                    id,
+                    addr: a,
+                    size: s,
+                });
+            } else {
+                self.insert_into_blocks(b);
+                if split {
+                    self.stats.inactive_split += s;
+                }
+            }
+        }
+        self.stats.peak_allocated = self.stats.peak_allocated.max(self.stats.allocated);
+        handles
+    }
+
     /// Returns the segment at `addr` to the device if it is cached whole (a recorded
     /// `segment_free` replayed where the model's segments are the recorded ones); false when
     /// the model holds no such free segment.

@@ -8,9 +8,23 @@
 
 use std::collections::BTreeMap;
 
-use super::allocator::{Allocator, SegmentOp};
+use rustc_hash::FxHashSet;
+
+use super::allocator::{round_size, Allocator, SegmentOp};
 use super::replay::{Op, Replayer, Request};
 use super::settings::Settings;
+use super::{MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE};
+
+/// A segment a snapshot held when it was taken (its `segments`), for a recording that did not
+/// begin with the allocator empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub addr: u64,
+    pub size: u64,
+    pub small: bool,
+    /// Its blocks handed out then: address, size.
+    pub allocated: Vec<(u64, u64)>,
+}
 
 /// How far the model agrees with a recording.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,8 +39,12 @@ pub struct Agreement {
     pub blocks_checked: u64,
     pub block_offsets_matching: u64,
     /// Whether the recording starts with the allocator empty (no memory held from before it
-    /// began); when not, the model starts empty anyway and agreement is not expected.
+    /// began).
     pub starts_empty: bool,
+    /// When it does not: the segments the model starts with, as the snapshot's `segments` and
+    /// its entries imply them (0 when they could not be told: the model then starts empty, and
+    /// agreement is not expected).
+    pub initial_segments: u64,
     /// The first disagreement, in words.
     pub first_mismatch: Option<String>,
 }
@@ -40,9 +58,127 @@ impl Agreement {
     }
 }
 
+/// A segment to start from: where, its stream and pool, and its blocks live from the start
+/// (recorded address, block size).
+struct Seed {
+    addr: u64,
+    size: u64,
+    stream: u32,
+    small: bool,
+    blocks: Vec<(u64, u64)>,
+}
+
+/// The state a recording began in, from what it held at its end (`held`) and what its entries
+/// did: the segments held at the end that no entry allocated, and those an entry freed before
+/// any allocated them; in them, the blocks live from the start (the importer writes them as
+/// allocations before the held-from-the-start lump). A block still held at the end has its
+/// size from `segments`; another its request rounded, grown over a gap too small to have been
+/// split off. Returns the index of the first request after the initial ones, and the seeds.
+fn initial_state(
+    requests: &[Request],
+    held: &[Held],
+    settings: &Settings,
+) -> Option<(usize, Vec<Seed>)> {
+    let lump = requests
+        .iter()
+        .position(|r| r.op == Op::Acquire && r.addr <= 1)?;
+    let initial: Vec<&Request> = requests[..lump]
+        .iter()
+        .filter(|r| r.op == Op::Malloc)
+        .collect();
+    let rest = &requests[lump + 1..];
+    let mut acquired: FxHashSet<u64> = FxHashSet::default();
+    let mut seeds: Vec<Seed> = Vec::new();
+    for r in rest {
+        match r.op {
+            Op::Acquire => {
+                acquired.insert(r.addr);
+            }
+            Op::Release if r.addr > 1 && !acquired.contains(&r.addr) => {
+                acquired.insert(r.addr);
+                seeds.push(Seed {
+                    addr: r.addr,
+                    size: r.size,
+                    stream: r.stream,
+                    small: r.size == SMALL_BUFFER,
+                    blocks: Vec::new(),
+                });
+            }
+            _ => {}
+        }
+    }
+    for h in held {
+        if !acquired.contains(&h.addr) {
+            seeds.push(Seed {
+                addr: h.addr,
+                size: h.size,
+                stream: 0,
+                small: h.small,
+                blocks: Vec::new(),
+            });
+        }
+    }
+    seeds.sort_by_key(|s| s.addr);
+    // Blocks held at the end and freed by no entry: their sizes are known.
+    let freed: FxHashSet<u64> = rest
+        .iter()
+        .filter(|r| r.op == Op::Free)
+        .map(|r| r.addr)
+        .collect();
+    let end_size = |addr: u64| {
+        held.iter()
+            .flat_map(|h| &h.allocated)
+            .find(|b| b.0 == addr)
+            .map(|b| b.1)
+    };
+    for seed in &mut seeds {
+        let end = seed.addr + seed.size;
+        let mut mine: Vec<&&Request> = initial
+            .iter()
+            .filter(|r| r.addr >= seed.addr && r.addr < end)
+            .collect();
+        mine.sort_by_key(|r| r.addr);
+        for (i, r) in mine.iter().enumerate() {
+            let next = mine.get(i + 1).map_or(end, |n| n.addr);
+            let size = match end_size(r.addr).filter(|_| !freed.contains(&r.addr)) {
+                Some(s) => s,
+                None => {
+                    let s = round_size(settings, r.size).min(next - r.addr);
+                    let gap = next - r.addr - s;
+                    let whole = if seed.small {
+                        gap < MIN_BLOCK
+                    } else {
+                        gap <= SMALL_SIZE || s >= settings.max_split_size
+                    };
+                    if whole {
+                        s + gap
+                    } else {
+                        s
+                    }
+                }
+            };
+            seed.blocks.push((r.addr, size));
+        }
+        // The stream of the first entry inside the segment.
+        if let Some(r) = requests
+            .iter()
+            .find(|r| matches!(r.op, Op::Malloc | Op::Free) && r.addr >= seed.addr && r.addr < end)
+        {
+            seed.stream = r.stream;
+        }
+    }
+    Some((lump + 1, seeds))
+}
+
 /// Replays `requests` (one device's) with `settings` and compares the model's decisions with
-/// the recorded ones.
-pub fn check(requests: &[Request], settings: &Settings, capacity: Option<u64>) -> Agreement {
+/// the recorded ones. `held`: the snapshot's segments at its end, from which a recording that
+/// did not begin empty gets its initial state.
+pub fn check(
+    requests: &[Request],
+    settings: &Settings,
+    capacity: Option<u64>,
+    held: &[Held],
+) -> Agreement {
     // A held-from-the-start lump (the importer writes it at address 0 or 1) or a block
     // allocated before any segment means the allocator was not empty when recording began.
     let recorded: Vec<&Request> = requests
@@ -55,17 +191,34 @@ pub fn check(requests: &[Request], settings: &Settings, capacity: Option<u64>) -
         .find(|r| matches!(r.op, Op::Acquire | Op::Malloc));
     let starts_empty = !lump && first.is_none_or(|r| r.op == Op::Acquire);
 
-    let alloc = Allocator::new(settings.clone(), capacity)
+    let mut alloc = Allocator::new(settings.clone(), capacity)
         .with_log()
         .with_address_hints(recorded.iter().map(|r| r.addr));
-    let mut r = Replayer::new(alloc);
-    r.follow_recording = true;
-    let expandable = settings.expandable_segments;
-
     // The recorded segments live as the replay reaches each request: address -> (size,
     // ordinal). Mapped ranges of expandable segments that touch are one range.
     let mut live: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let mut ordinal = 0u64;
+    let mut seeded = Vec::new();
+    let mut start = 0;
+    let mut initial_segments = 0;
+    if !starts_empty && !held.is_empty() && !settings.expandable_segments {
+        if let Some((from, seeds)) = initial_state(requests, held, settings) {
+            start = from;
+            initial_segments = seeds.len() as u64;
+            for s in seeds {
+                let handles = alloc.seed_segment(s.addr, s.size, s.stream, s.small, &s.blocks);
+                seeded.extend(s.blocks.iter().map(|b| b.0).zip(handles));
+                live.insert(s.addr, (s.size, ordinal));
+                ordinal += 1;
+            }
+        }
+    }
+    let requests = &requests[start..];
+    let mut r = Replayer::new(alloc);
+    r.blocks.extend(seeded);
+    r.follow_recording = true;
+    let expandable = settings.expandable_segments;
+
     let mut at = 0usize;
     let mut checked = 0u64;
     let mut matching = 0u64;
@@ -146,6 +299,7 @@ pub fn check(requests: &[Request], settings: &Settings, capacity: Option<u64>) -
         blocks_checked: checked,
         block_offsets_matching: matching,
         starts_empty,
+        initial_segments,
         first_mismatch,
     }
 }
