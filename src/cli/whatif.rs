@@ -186,12 +186,25 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
         .iter()
         .map(|s| Settings::parse(s).with_context(|| format!("--setting {s:?}")))
         .collect::<anyhow::Result<_>>()?;
-    let converted = inputs(&args.traces)?;
+    // A snapshot is read twice: converted into a trace, and for its allocator's settings and
+    // segments; the two passes run side by side.
+    let (converted, states) = std::thread::scope(|scope| {
+        let states = scope.spawn(|| {
+            args.traces
+                .iter()
+                .map(|t| recorded_state(t))
+                .collect::<Vec<_>>()
+        });
+        let converted = inputs(&args.traces);
+        (converted, states.join())
+    });
+    let converted = converted?;
+    let states = states.map_err(|_| anyhow::anyhow!("reading the allocator settings failed"))?;
     let mut reports: Vec<(String, ReportJson, Vec<String>)> = Vec::new();
     let mut checks = Vec::new();
-    for (named, path) in args.traces.iter().zip(&converted) {
+    for ((named, path), state) in args.traces.iter().zip(&converted).zip(states) {
         check_trace_path(path)?;
-        let (recorded, held) = recorded_state(named)?;
+        let (recorded, held) = state?;
         // A converted snapshot's errors name the file as the user did.
         let trace = Trace::open(path).map_err(|e| {
             let text = e.to_string();
