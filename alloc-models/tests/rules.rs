@@ -501,3 +501,16 @@ fn expandable_best_fit_counts_the_unmapped_range_after_a_block() {
     let r = a.malloc(7 * MIB, 0).unwrap();
     assert_eq!(r.addr, x.addr);
 }
+
+#[test]
+fn absurd_requests_fail_without_disturbing_the_model() {
+    let mut a = alloc("", None);
+    let x = a.malloc(5 * MIB, 0).unwrap();
+    for _ in 0..3 {
+        assert!(a.malloc(u64::MAX, 0).is_err());
+        assert!(a.malloc(1 << 60, 1).is_err());
+    }
+    a.free(x.id);
+    assert_eq!(a.stats().reserved, 20 * MIB);
+    assert_eq!(a.malloc(5 * MIB, 0).unwrap().addr, x.addr);
+}

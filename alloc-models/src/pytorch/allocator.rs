@@ -21,6 +21,10 @@ const NIL: u32 = u32::MAX;
 /// Where model addresses start when no hint gives one: above any address a GPU hands out.
 const BUMP_BASE: u64 = 1 << 48;
 
+/// Requests above this (64 TiB) fail at once: no device has it, and sums of such sizes would
+/// overflow.
+const MAX_REQUEST: u64 = 1 << 46;
+
 /// What the allocator did with device memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentOp {
@@ -246,7 +250,7 @@ impl Allocator {
     /// The segment holding `addr`: (its address, its order among the device's segments).
     pub fn segment_of(&self, addr: u64) -> Option<(u64, u64)> {
         if let Some((&base, &(size, ordinal))) = self.segments.range(..=addr).next_back() {
-            if addr < base + size {
+            if addr < base.saturating_add(size) {
                 return Some((base, ordinal));
             }
         }
@@ -277,6 +281,16 @@ impl Allocator {
     /// blocks, else after releasing every unsplit cached block, else out of memory.
     pub fn malloc(&mut self, orig: u64, stream: u32) -> Result<Handle, Oom> {
         let size = round_size(&self.settings, orig);
+        if size > MAX_REQUEST {
+            // More than any device holds (a damaged or hostile trace): refused outright.
+            return Err(Oom {
+                requested: orig,
+                size,
+                alloc_size: size,
+                reserved: self.stats.reserved,
+                allocated: self.stats.allocated,
+            });
+        }
         let small = size <= SMALL_SIZE;
         let alloc_size = get_allocation_size(size);
         // No free-memory callbacks are registered in a plain run: no second search.
@@ -363,10 +377,10 @@ impl Allocator {
     ) -> Vec<Handle> {
         self.segments.insert(addr, (size, self.next_ordinal));
         self.next_ordinal += 1;
-        self.stats.reserved += size;
+        self.stats.reserved = self.stats.reserved.saturating_add(size);
         self.stats.segments += 1;
         self.note_reserved();
-        let end = addr + size;
+        let end = addr.saturating_add(size);
         let mut pieces: Vec<(u64, u64, bool)> = Vec::new();
         let mut at = addr;
         for &(a, s) in allocated {
@@ -378,7 +392,7 @@ impl Allocator {
                 pieces.push((at, a - at, false));
             }
             pieces.push((a, s, true));
-            at = a + s;
+            at = a.saturating_add(s);
         }
         if at < end {
             pieces.push((at, end - at, false));
@@ -400,7 +414,7 @@ impl Allocator {
                 let o = &mut self.blocks[b as usize];
                 o.allocated = true;
                 o.id = id;
-                self.stats.allocated += s;
+                self.stats.allocated = self.stats.allocated.saturating_add(s);
                 self.live.insert(id, b);
                 handles.push(Handle {
                     id,
@@ -410,7 +424,7 @@ impl Allocator {
             } else {
                 self.insert_into_blocks(b);
                 if split {
-                    self.stats.inactive_split += s;
+                    self.stats.inactive_split = self.stats.inactive_split.saturating_add(s);
                 }
             }
         }
@@ -444,7 +458,7 @@ impl Allocator {
     fn unallocate(&mut self, b: u32) {
         let blk = &mut self.blocks[b as usize];
         blk.allocated = false;
-        self.stats.allocated -= blk.size;
+        self.stats.allocated = self.stats.allocated.saturating_sub(blk.size);
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
@@ -612,14 +626,14 @@ impl Allocator {
             self.insert_into_blocks(b);
             if blk.es == NIL {
                 if already_split {
-                    self.stats.inactive_split -= size;
+                    self.stats.inactive_split = self.stats.inactive_split.saturating_sub(size);
                 } else {
-                    self.stats.inactive_split += rest_size;
+                    self.stats.inactive_split = self.stats.inactive_split.saturating_add(rest_size);
                 }
             }
             out = nb;
         } else if already_split && blk.es == NIL {
-            self.stats.inactive_split -= blk.size;
+            self.stats.inactive_split = self.stats.inactive_split.saturating_sub(blk.size);
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -631,7 +645,7 @@ impl Allocator {
             addr: o.addr,
             size: o.size,
         };
-        self.stats.allocated += o.size;
+        self.stats.allocated = self.stats.allocated.saturating_add(o.size);
         self.stats.peak_allocated = self.stats.peak_allocated.max(self.stats.allocated);
         self.live.insert(id, out);
         handle
@@ -649,7 +663,13 @@ impl Allocator {
             net_size += self.blocks[b as usize].size as i64;
         }
         if self.blocks[b as usize].es == NIL {
-            self.stats.inactive_split = (self.stats.inactive_split as i64 + net_size) as u64;
+            self.stats.inactive_split = if net_size >= 0 {
+                self.stats.inactive_split.saturating_add(net_size as u64)
+            } else {
+                self.stats
+                    .inactive_split
+                    .saturating_sub(net_size.unsigned_abs())
+            };
         }
     }
 
@@ -698,7 +718,9 @@ impl Allocator {
             }
         }
         let addr = self.bump;
-        self.bump += size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        self.bump = self
+            .bump
+            .saturating_add(size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE));
         addr
     }
 
@@ -722,7 +744,7 @@ impl Allocator {
         let addr = self.device_address(alloc_size);
         self.segments.insert(addr, (alloc_size, self.next_ordinal));
         self.next_ordinal += 1;
-        self.stats.reserved += alloc_size;
+        self.stats.reserved = self.stats.reserved.saturating_add(alloc_size);
         self.stats.segments += 1;
         self.stats.device_allocs += 1;
         self.note_reserved();
@@ -809,7 +831,7 @@ impl Allocator {
         let key = self.key(b);
         let blk = self.blocks[b as usize].clone();
         self.record(SegmentOp::Free, blk.addr, blk.size, blk.stream);
-        self.stats.reserved -= blk.size;
+        self.stats.reserved = self.stats.reserved.saturating_sub(blk.size);
         self.stats.segments -= 1;
         self.stats.device_frees += 1;
         self.segments.remove(&blk.addr);
@@ -894,7 +916,7 @@ impl Allocator {
         let space = self.capacity.map_or(1 << 40, |c| c + c / 8);
         let pages = space.div_ceil(page).max(1);
         let base = self.bump;
-        self.bump += pages * page;
+        self.bump = self.bump.saturating_add(pages * page);
         let es = self.expandables.len() as u32;
         self.expandables.push(Some(Expandable {
             base,
@@ -966,7 +988,7 @@ impl Allocator {
         let next = self.blocks[b as usize].next;
         self.try_merge_blocks(b, next);
         self.insert_into_blocks(b);
-        self.stats.reserved += bytes;
+        self.stats.reserved = self.stats.reserved.saturating_add(bytes);
         self.stats.device_allocs += 1;
         self.note_reserved();
         self.record(SegmentOp::Map, start, bytes, blk.stream);
@@ -1067,7 +1089,7 @@ impl Allocator {
                 es.mapped.pop();
             }
         }
-        self.stats.reserved -= bytes;
+        self.stats.reserved = self.stats.reserved.saturating_sub(bytes);
         self.stats.device_frees += 1;
         self.record(SegmentOp::Unmap, start, bytes, blk.stream);
     }

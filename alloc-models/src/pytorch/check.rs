@@ -132,7 +132,7 @@ fn initial_state(
             .map(|b| b.1)
     };
     for seed in &mut seeds {
-        let end = seed.addr + seed.size;
+        let end = seed.addr.saturating_add(seed.size);
         let mut mine: Vec<&&Request> = initial
             .iter()
             .filter(|r| r.addr >= seed.addr && r.addr < end)
@@ -240,7 +240,7 @@ pub fn check(
         let Some((&base, &(size, ord))) = live.range(..=q.addr).next_back() else {
             return;
         };
-        if q.addr >= base + size {
+        if q.addr >= base.saturating_add(size) {
             return;
         }
         checked += 1;
@@ -307,8 +307,8 @@ pub fn check(
 fn add_range(live: &mut BTreeMap<u64, (u64, u64)>, addr: u64, size: u64, ord: u64, join: bool) {
     if join {
         if let Some((&b, &(s, o))) = live.range(..addr).next_back() {
-            if b + s == addr {
-                live.insert(b, (s + size, o));
+            if b.saturating_add(s) == addr {
+                live.insert(b, (s.saturating_add(size), o));
                 return;
             }
         }
@@ -319,17 +319,18 @@ fn add_range(live: &mut BTreeMap<u64, (u64, u64)>, addr: u64, size: u64, ord: u6
 fn remove_range(live: &mut BTreeMap<u64, (u64, u64)>, addr: u64, size: u64) {
     if let Some((s, o)) = live.remove(&addr) {
         if size < s {
-            live.insert(addr + size, (s - size, o));
+            live.insert(addr.saturating_add(size), (s - size, o));
         }
         return;
     }
     // Pages unmapped from inside a joined range: keep what is left on either side.
     if let Some((&b, &(s, o))) = live.range(..addr).next_back() {
-        if addr < b + s {
+        let seg_end = b.saturating_add(s);
+        if addr < seg_end {
             live.insert(b, (addr - b, o));
-            let end = addr + size;
-            if end < b + s {
-                live.insert(end, (b + s - end, o));
+            let end = addr.saturating_add(size);
+            if end < seg_end {
+                live.insert(end, (seg_end - end, o));
             }
         }
     }
