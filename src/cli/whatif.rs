@@ -167,6 +167,9 @@ struct ReportJson {
 #[derive(Serialize)]
 struct CheckJson {
     trace: String,
+    /// Which allocator made the recording: `pytorch` (a snapshot) or `other` (a poolsight
+    /// trace: CuPy's pool, or an observed allocator), where agreement is not expected.
+    recorded_by: &'static str,
     device: u32,
     settings: String,
     segments_recorded: u64,
@@ -221,7 +224,7 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
                     d.capacity,
                     &held_of(&held, d.device),
                 );
-                checks.push(check_json(&d, &recorded, a));
+                checks.push(check_json(&d, &recorded, a, is_pytorch_file(named)));
                 continue;
             }
             let mut runs = vec![(recorded.clone(), true)];
@@ -523,9 +526,10 @@ fn run_json(trace: &Trace, s: &Settings, recorded: bool, o: Outcome, m: Option<u
     }
 }
 
-fn check_json(d: &Device, s: &Settings, a: Agreement) -> CheckJson {
+fn check_json(d: &Device, s: &Settings, a: Agreement, pytorch: bool) -> CheckJson {
     CheckJson {
         trace: d.heading.clone(),
+        recorded_by: if pytorch { "pytorch" } else { "other" },
         device: d.device,
         settings: s.label(),
         exact: a.exact(),
@@ -704,6 +708,11 @@ fn check_table(checks: &[CheckJson]) -> String {
         } else if !c.starts_empty {
             s.push_str(
                 "  note: the recording did not start with the allocator empty and its segments do not say how it was: the model started empty\n",
+            );
+        }
+        if c.recorded_by != "pytorch" {
+            s.push_str(
+                "  note: this trace was not recorded by PyTorch's caching allocator: agreement is not expected\n",
             );
         }
         if let Some(m) = &c.first_mismatch {

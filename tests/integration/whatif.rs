@@ -45,7 +45,17 @@ fn check_agrees_with_the_hand_made_snapshots() {
         assert_eq!(c["starts_empty"], initial == 0);
         assert_eq!(c["initial_segments"], initial);
         assert_eq!(c["exact"], true);
+        assert_eq!(c["recorded_by"], "pytorch");
     }
+    let own = cli(&[
+        "whatif",
+        "--check",
+        "fixtures/traces/chainer_nested.pstrace",
+    ]);
+    ok(&own);
+    assert!(own
+        .stdout
+        .contains("not recorded by PyTorch's caching allocator"));
     let t = cli(&["whatif", "--check", &fixture("whatif_mixed.pickle")]);
     ok(&t);
     assert!(t
