@@ -135,6 +135,14 @@ struct FailureJson {
     reserved_bytes: u64,
     allocated_bytes: u64,
     live_blocks: u64,
+    /// What was live: the lines whose blocks held the most bytes.
+    live_top_lines: Vec<LiveLine>,
+}
+
+#[derive(Serialize)]
+struct LiveLine {
+    line: Option<String>,
+    bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -521,6 +529,14 @@ fn run_json(trace: &Trace, s: &Settings, recorded: bool, o: Outcome, m: Option<u
             reserved_bytes: f.reserved,
             allocated_bytes: f.allocated,
             live_blocks: f.live_blocks,
+            live_top_lines: f
+                .live_by_stack
+                .iter()
+                .map(|&(stack, bytes)| LiveLine {
+                    line: request_line(trace, stack),
+                    bytes,
+                })
+                .collect(),
         }),
         min_capacity_bytes: m,
     }
@@ -674,6 +690,33 @@ fn table(heading: &str, r: &ReportJson, notes: &[String], min: bool) -> String {
     s.push_str(&line(&header));
     for row in &rows {
         s.push_str(&line(row));
+    }
+    for run in &r.runs {
+        let Some(f) = &run.first_failure else {
+            continue;
+        };
+        let live: Vec<String> = f
+            .live_top_lines
+            .iter()
+            .map(|l| {
+                format!(
+                    "{} {}",
+                    human(l.bytes),
+                    l.line.as_deref().unwrap_or("(no stack)")
+                )
+            })
+            .collect();
+        if !live.is_empty() {
+            s.push_str(&format!(
+                "live at the first failure of {}: {}\n",
+                if run.recorded {
+                    "the recorded settings"
+                } else {
+                    &run.label
+                },
+                live.join(", ")
+            ));
+        }
     }
     s
 }

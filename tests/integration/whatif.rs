@@ -194,6 +194,10 @@ fn json_has_the_keys_of_the_spec() {
     let f = &recorded["first_failure"];
     assert_eq!(f["requested_bytes"], 7 * MIB);
     assert_eq!(f["line"], "train.py:22:backward");
+    assert_eq!(
+        f["live_top_lines"],
+        serde_json::json!([{"line": "train.py:22:forward", "bytes": 42 * MIB}])
+    );
     assert!(f["ns"].as_u64().unwrap() > 0);
     assert_eq!(recorded["min_capacity_bytes"], 80 * MIB);
     let exp = &runs[1];

@@ -207,7 +207,12 @@ pub fn check(
             initial_segments = seeds.len() as u64;
             for s in seeds {
                 let handles = alloc.seed_segment(s.addr, s.size, s.stream, s.small, &s.blocks);
-                seeded.extend(s.blocks.iter().map(|b| b.0).zip(handles));
+                seeded.extend(
+                    s.blocks
+                        .iter()
+                        .map(|b| b.0)
+                        .zip(handles.into_iter().map(|h| (h, 0))),
+                );
                 live.insert(s.addr, (s.size, ordinal));
                 ordinal += 1;
             }

@@ -56,7 +56,7 @@ pub struct Config {
 }
 
 /// The first request the model could not serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     /// Its index in the requests.
     pub index: usize,
@@ -70,7 +70,13 @@ pub struct Failure {
     pub reserved: u64,
     pub allocated: u64,
     pub live_blocks: u64,
+    /// What was live: bytes of the blocks handed out, by the stack of their request, the
+    /// largest first (at most [`LIVE_STACKS`]).
+    pub live_by_stack: Vec<(u32, u64)>,
 }
+
+/// Stacks kept in [`Failure::live_by_stack`].
+pub const LIVE_STACKS: usize = 5;
 
 /// What a replay found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -157,8 +163,9 @@ pub fn min_capacity(requests: &[Request], settings: &Settings) -> Option<u64> {
 /// The replay's state: the model and the recorded blocks' handles.
 pub(super) struct Replayer {
     pub(super) alloc: Allocator,
-    /// Recorded address of a live block -> the model's handle for it.
-    pub(super) blocks: FxHashMap<u64, Handle>,
+    /// Recorded address of a live block -> the model's handle for it and the stack of its
+    /// request.
+    pub(super) blocks: FxHashMap<u64, (Handle, u32)>,
     pub(super) outcome: Outcome,
     /// Replaying a recording with its own settings and addresses ([`super::check`]): each
     /// recorded segment release is made on the model's segment at that address, and recorded
@@ -195,7 +202,7 @@ impl Replayer {
                                 self.alloc.free(h.id);
                             } else {
                                 served(&self.alloc, i, q, &h);
-                                if let Some(old) = self.blocks.insert(q.addr, h) {
+                                if let Some((old, _)) = self.blocks.insert(q.addr, (h, q.stack)) {
                                     // Handed out twice without a free (a damaged trace).
                                     self.alloc.free(old.id);
                                 }
@@ -215,6 +222,7 @@ impl Replayer {
                                     reserved: oom.reserved,
                                     allocated: oom.allocated,
                                     live_blocks: self.blocks.len() as u64,
+                                    live_by_stack: self.live_by_stack(),
                                 });
                             }
                             if stop_at_failure {
@@ -224,12 +232,12 @@ impl Replayer {
                     }
                 }
                 Op::FreeRequested => {
-                    if let Some(h) = self.blocks.get(&q.addr) {
+                    if let Some((h, _)) = self.blocks.get(&q.addr) {
                         self.alloc.free_requested(h.id);
                     }
                 }
                 Op::Free => {
-                    if let Some(h) = self.blocks.remove(&q.addr) {
+                    if let Some((h, _)) = self.blocks.remove(&q.addr) {
                         self.alloc.free_completed(h.id);
                     }
                 }
@@ -259,6 +267,17 @@ impl Replayer {
         self.outcome.allocated_peak = s.peak_allocated;
         self.outcome.device_allocs = s.device_allocs;
         self.outcome.device_frees = s.device_frees;
+    }
+
+    fn live_by_stack(&self) -> Vec<(u32, u64)> {
+        let mut by: FxHashMap<u32, u64> = FxHashMap::default();
+        for (h, stack) in self.blocks.values() {
+            *by.entry(*stack).or_default() += h.size;
+        }
+        let mut v: Vec<(u32, u64)> = by.into_iter().collect();
+        v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.truncate(LIVE_STACKS);
+        v
     }
 
     fn after_malloc(&mut self, ns: u64) {
