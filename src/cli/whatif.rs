@@ -175,8 +175,8 @@ struct ReportJson {
 #[derive(Serialize)]
 struct CheckJson {
     trace: String,
-    /// Which allocator made the recording: `pytorch` (a snapshot) or `other` (a poolsight
-    /// trace: CuPy's pool, or an observed allocator), where agreement is not expected.
+    /// What recorded the segments: `pytorch` (a snapshot: the caching allocator's own) or
+    /// `other` (a poolsight trace, a profiler trace), where agreement is not expected.
     recorded_by: &'static str,
     device: u32,
     settings: String,
@@ -215,7 +215,7 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let mut checks = Vec::new();
     for ((named, path), state) in args.traces.iter().zip(&converted).zip(states) {
         check_trace_path(path)?;
-        let (recorded, held) = state?;
+        let (recorded, held, snapshot) = state?;
         // A converted snapshot's errors name the file as the user did.
         let trace = Trace::open(path).map_err(|e| {
             let text = e.to_string();
@@ -232,7 +232,7 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
                     d.capacity,
                     &held_of(&held, d.device),
                 );
-                checks.push(check_json(&d, &recorded, a, is_pytorch_file(named)));
+                checks.push(check_json(&d, &recorded, a, snapshot));
                 continue;
             }
             let mut runs = vec![(recorded.clone(), true)];
@@ -334,15 +334,16 @@ fn is_request(op: Op) -> bool {
     matches!(op, Op::Malloc | Op::OutOfMemory)
 }
 
-/// The settings a file recorded (a snapshot's `allocator_settings`, else PyTorch's defaults)
-/// and the segments a snapshot held at its end.
-fn recorded_state(named: &Path) -> anyhow::Result<(Settings, Vec<HeldSegment>)> {
+/// The settings a file recorded (a snapshot's `allocator_settings`, else PyTorch's defaults),
+/// the segments a snapshot held at its end, and whether the file is a snapshot (recorded by
+/// PyTorch's caching allocator).
+fn recorded_state(named: &Path) -> anyhow::Result<(Settings, Vec<HeldSegment>, bool)> {
     if !is_pytorch_file(named) {
-        return Ok((Settings::default(), Vec::new()));
+        return Ok((Settings::default(), Vec::new(), false));
     }
     let data = std::fs::read(named).with_context(|| format!("cannot read {}", named.display()))?;
     if poolsight_import::detect(&data) != poolsight_import::Kind::Snapshot {
-        return Ok((Settings::default(), Vec::new()));
+        return Ok((Settings::default(), Vec::new(), false));
     }
     let state = poolsight_import::settings::allocator_state(&data)?;
     let settings = match state.settings {
@@ -351,7 +352,7 @@ fn recorded_state(named: &Path) -> anyhow::Result<(Settings, Vec<HeldSegment>)> 
         })?,
         None => Settings::default(),
     };
-    Ok((settings, state.segments))
+    Ok((settings, state.segments, true))
 }
 
 /// A device's held segments, as the check takes them (expandable ones are left out).
@@ -755,7 +756,7 @@ fn check_table(checks: &[CheckJson]) -> String {
         }
         if c.recorded_by != "pytorch" {
             s.push_str(
-                "  note: this trace was not recorded by PyTorch's caching allocator: agreement is not expected\n",
+                "  note: only a PyTorch snapshot records the caching allocator's own segments: agreement is not expected here\n",
             );
         }
         if let Some(m) = &c.first_mismatch {
