@@ -116,6 +116,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 
 /// One device of one trace: its requests and what is known of its memory.
 struct Device {
+    /// The file as named, and the heading of its report (with the device when several).
+    name: String,
     heading: String,
     device: u32,
     requests: Vec<Request>,
@@ -475,6 +477,7 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
                 })
                 .collect();
             Device {
+                name: name.clone(),
                 heading: if several {
                     format!("{name} (device {dev})")
                 } else {
@@ -545,7 +548,7 @@ fn run_json(trace: &Trace, s: &Settings, recorded: bool, o: Outcome, m: Option<u
 
 fn check_json(d: &Device, s: &Settings, a: Agreement, pytorch: bool) -> CheckJson {
     CheckJson {
-        trace: d.heading.clone(),
+        trace: d.name.clone(),
         recorded_by: if pytorch { "pytorch" } else { "other" },
         device: d.device,
         settings: s.label(),

@@ -96,6 +96,31 @@ fn the_recorded_settings_are_the_first_row() {
 }
 
 #[test]
+fn each_device_is_replayed_on_its_own() {
+    let f = fixture("whatif_two_devices.pickle");
+    let j = cli(&["whatif", "--check", "--format", "json", &f]).json();
+    let checks = j["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 2);
+    for (c, (device, segments, blocks)) in checks.iter().zip([(0, 3, 6), (1, 5, 12)]) {
+        assert_eq!(c["device"], device);
+        assert_eq!(c["segments_matching"], segments, "{c}");
+        assert_eq!(c["block_offsets_matching"], blocks, "{c}");
+        assert_eq!(c["exact"], true, "{c}");
+    }
+    let j = cli(&["whatif", "--format", "json", &f]).json();
+    let reports = j.as_array().unwrap();
+    assert_eq!(reports.len(), 2);
+    assert_eq!(reports[0]["device"], 0);
+    assert_eq!(reports[0]["runs"][0]["fits"], false);
+    assert_eq!(reports[1]["device"], 1);
+    assert_eq!(reports[1]["recorded_reserved_peak_bytes"], 74 * MIB);
+    assert!(reports[1]["trace"]
+        .as_str()
+        .unwrap()
+        .ends_with("(device 1)"));
+}
+
+#[test]
 fn check_says_where_the_model_and_a_recording_part() {
     // The old fixture places small blocks 1 MiB apart, which no caching allocator does.
     let j = cli(&[
