@@ -514,3 +514,26 @@ fn absurd_requests_fail_without_disturbing_the_model() {
     assert_eq!(a.stats().reserved, 20 * MIB);
     assert_eq!(a.malloc(5 * MIB, 0).unwrap().addr, x.addr);
 }
+
+#[test]
+fn oversize_cached_blocks_are_released_largest_first_until_enough() {
+    let mut a = alloc("max_split_size_mb:25", Some(110 * MIB));
+    let x = a.malloc(30 * MIB, 0).unwrap();
+    let y = a.malloc(40 * MIB, 0).unwrap();
+    let s = a.malloc(KIB, 0).unwrap();
+    a.free(x.id);
+    a.free(y.id);
+    a.free(s.id);
+    // No cached block holds 60 MiB, and 72 + 60 > 110: the 40 MiB block goes, then the
+    // 30 MiB one (70 MiB >= 60): the small segment stays.
+    let r = a.malloc(60 * MIB, 0).unwrap();
+    assert_eq!(r.size, 60 * MIB);
+    assert_eq!(a.stats().reserved, 62 * MIB);
+    let frees: Vec<u64> = a
+        .segment_log()
+        .iter()
+        .filter(|e| e.op == SegmentOp::Free)
+        .map(|e| e.size)
+        .collect();
+    assert_eq!(frees, vec![40 * MIB, 30 * MIB]);
+}
