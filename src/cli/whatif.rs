@@ -415,6 +415,10 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
     let mut ids: Vec<u32> = all.iter().map(|r| r.device).collect();
     ids.sort_unstable();
     ids.dedup();
+    if ids.is_empty() {
+        // A trace without memory events still gets its (empty) report.
+        ids.push(0);
+    }
     let device_free = device_free_marks(trace);
     let name = named.display().to_string();
     let several = ids.len() > 1;

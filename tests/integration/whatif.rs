@@ -310,3 +310,48 @@ fn bad_input_is_one_line_and_exit_2() {
     std::fs::create_dir_all(&dir).unwrap();
     usage_error(&cli(&["whatif", dir.to_str().unwrap()]));
 }
+
+#[test]
+fn empty_cut_and_corrupt_traces_never_panic() {
+    use poolsight::recorder::{Recorder, RecorderConfig};
+    let empty = scratch::file("no-events.pstrace");
+    Recorder::create(&*empty, RecorderConfig::default())
+        .expect("create")
+        .finish()
+        .expect("finish");
+    let o = cli(&["whatif", empty.to_str().unwrap(), "--min-capacity"]);
+    ok(&o);
+    assert!(o.stdout.contains("0 requests"), "{}", o.stdout);
+    ok(&cli(&["whatif", "--check", empty.to_str().unwrap()]));
+
+    let data = std::fs::read("fixtures/traces/fastai_epochs.pstrace").unwrap();
+    let bad = scratch::file("bad.pstrace");
+    let step = (data.len() / 23).max(1);
+    let mut variants: Vec<Vec<u8>> = (1..data.len())
+        .step_by(step)
+        .map(|n| data[..n].to_vec())
+        .collect();
+    for at in (0..data.len()).step_by(step) {
+        let mut d = data.clone();
+        d[at] ^= 0x5a;
+        variants.push(d);
+    }
+    for v in variants {
+        std::fs::write(&bad, &v).unwrap();
+        for args in [
+            vec!["whatif"],
+            vec!["whatif", "--check"],
+            vec!["whatif", "--min-capacity"],
+        ] {
+            let mut a = args.clone();
+            a.push(bad.to_str().unwrap());
+            let o = cli(&a);
+            assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+            match o.code {
+                0 => {}
+                2 => assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr),
+                c => panic!("exit {c}: {}", o.stderr),
+            }
+        }
+    }
+}
