@@ -44,5 +44,7 @@ mod snapshot_views;
 mod snapshots;
 #[path = "integration/visuals.rs"]
 mod visuals;
+#[path = "integration/whatif.rs"]
+mod whatif;
 #[path = "integration/windows.rs"]
 mod windows;

@@ -18,6 +18,7 @@ pub mod frames;
 pub mod infer;
 pub mod kineto;
 pub mod pickle;
+pub mod settings;
 pub mod snapshot;
 
 use std::path::{Path, PathBuf};

@@ -17,6 +17,7 @@ mod oom;
 mod output;
 mod tables;
 mod views;
+mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -128,6 +129,13 @@ enum Command {
     /// a packed trace is typically 5-10x smaller. Packing a trace whose writer was killed
     /// keeps it unfinished; chunks the reader warns about are left out.
     Pack(export::PackArgs),
+    /// What would fit: the run replayed through PyTorch's caching allocator under its recorded
+    /// settings and alternatives (expandable segments, max_split_size_mb, ...): reserved peak,
+    /// fragmentation, and the first request that would not fit a --capacity.
+    ///
+    /// --min-capacity finds the smallest device each setting fits in; --check compares the
+    /// model with the segments and blocks a snapshot recorded. See docs/whatif.md.
+    Whatif(whatif::WhatifArgs),
 }
 
 /// Runs the command line of this process.
@@ -226,6 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Diff(a) => return diff::run(a, &mut out),
         Command::Pack(a) => export::pack(a, &mut out)?,
         Command::Import(a) => import::import(a, import::Settings { frames: cli.frames }, &mut out)?,
+        Command::Whatif(a) => whatif::run(a, &mut out)?,
     }
     out.flush()?;
     Ok(0)

@@ -35,6 +35,7 @@ mod merge;
 mod oom;
 mod profile;
 mod raised;
+mod requests;
 mod stacks;
 mod timeline;
 mod window_fold;
@@ -52,6 +53,7 @@ pub use profile::{
     signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
     MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,
 };
+pub use requests::{memory_requests, request_line, MemRequest, RequestKind};
 pub use timeline::Snapshot;
 
 /// What to compute beyond the always-computed figures.

@@ -1,0 +1,96 @@
+//! A trace's memory events in time order as the requests an allocator model replays
+//! (`poolsight whatif`): what was asked, freed, and what the recorded allocator took from and
+//! gave back to the device. The same time-ordered merge as the replay's, so the order is the
+//! one every report sees.
+
+use crate::read::names::FrameKind;
+use poolsight_schema::fb;
+
+use super::merge::{walk_decoding, Sink};
+use super::stacks::frames_of_stack;
+use crate::read::Trace;
+
+/// What a memory event asks of an allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A served request: `bytes` asked, the block at `addr` (a PyTorch snapshot's `alloc`).
+    Malloc,
+    /// The free of the block at `addr` was requested (other streams may still use it).
+    FreeRequested,
+    /// The free of the block at `addr` completed.
+    Free,
+    /// A request of `bytes` that failed for lack of memory.
+    OutOfMemory,
+    /// The allocator took `bytes` at `addr` from the device (`segment_alloc`/`segment_map`;
+    /// at `addr` 0 or 1, memory held from before the trace began).
+    Acquire,
+    /// The allocator gave `bytes` at `addr` back (`segment_free`/`segment_unmap`).
+    Release,
+}
+
+/// One memory event, in time order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemRequest {
+    pub kind: RequestKind,
+    pub device: u32,
+    pub stream: u32,
+    pub addr: u64,
+    pub bytes: u64,
+    /// The interned stack of the event (0: none).
+    pub stack: u32,
+    /// Nanoseconds since the trace began.
+    pub ns: u64,
+}
+
+struct Collect<'t> {
+    trace: &'t Trace,
+    out: Vec<MemRequest>,
+}
+
+impl Sink for Collect<'_> {
+    fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
+        let kind = match e.kind() {
+            // A failed request (null pointer) is told by its out-of-memory event.
+            fb::MemKind::MallocPost if e.ptr() != 0 && e.bytes() > 0 => RequestKind::Malloc,
+            fb::MemKind::FreePost => RequestKind::Free,
+            fb::MemKind::FreeRequested => RequestKind::FreeRequested,
+            fb::MemKind::OutOfMemory => RequestKind::OutOfMemory,
+            fb::MemKind::AllocPost if e.ptr() != 0 => RequestKind::Acquire,
+            fb::MemKind::Release => RequestKind::Release,
+            _ => return true,
+        };
+        self.out.push(MemRequest {
+            kind,
+            device: e.device().into(),
+            stream: e.stream().into(),
+            addr: e.ptr(),
+            bytes: e.bytes(),
+            stack: e.stack(),
+            ns: self.trace.ns_since_start(ticks),
+        });
+        true
+    }
+
+    fn mark(&mut self, _: &fb::MarkEvent) {}
+}
+
+/// Every request of `trace` (all devices), in time order.
+pub fn memory_requests(trace: &Trace) -> Vec<MemRequest> {
+    let mut sink = Collect {
+        trace,
+        out: Vec::new(),
+    };
+    walk_decoding(trace, &[], &mut sink, false, None);
+    sink.out
+}
+
+/// The line that made a request: the innermost frame of its stack that is not a label
+/// (`file:line:function`), or `None` for a request without a stack.
+pub fn request_line(trace: &Trace, stack: u32) -> Option<String> {
+    if stack == 0 {
+        return None;
+    }
+    let frames = frames_of_stack(trace, stack);
+    let f = frames.iter().rev().find(|f| f.kind != FrameKind::Label)?;
+    Some(format!("{}:{}:{}", f.file, f.line, f.name))
+}
