@@ -424,7 +424,8 @@ fn advice(s: &OomState) -> Vec<String> {
         out.push(format!(
             "fragmentation: {} is free in this stream's {pool} pool, but in blocks of at most {} \
              (the request needs {} in one block). expandable_segments:True maps memory into one \
-             growing segment per stream, so free pieces join up instead of staying apart",
+             growing segment per stream, so free pieces join up instead of staying apart (`poolsight \
+             whatif --setting expandable_segments:True` replays the run to check)",
             human(free_here),
             human(largest_here),
             human(req)
@@ -435,8 +436,10 @@ fn advice(s: &OomState) -> Vec<String> {
         out.push(format!(
             "{} sits in inactive split blocks of large segments: max_split_size_mb (set to about \
              {} or less) stops the allocator from splitting blocks larger than that, so large \
-             free blocks stay whole for large requests",
+             free blocks stay whole for large requests (`poolsight whatif --setting \
+             max_split_size_mb:{}` replays the run to check)",
             human(split),
+            (req >> 20).max(1),
             (req >> 20).max(1)
         ));
     }

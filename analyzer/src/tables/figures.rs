@@ -72,9 +72,13 @@ impl Section {
     /// The headline figures (the `summary` table's).
     pub const HEADLINE: Section = Section("headline");
 
-    /// Every section, in the order they print.
+    /// Every section, in the order they print (a table that gives `diff` no figures, such as
+    /// `peak`, has none).
     pub fn all() -> Vec<Section> {
-        super::each_table(|t| t.section())
+        super::each_table(|t| (!t.diff_keys().is_empty()).then(|| t.section()))
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     pub fn as_str(self) -> &'static str {
