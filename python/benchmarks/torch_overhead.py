@@ -198,6 +198,24 @@ def run_once(ctx_of, steps: int, epochs: int = 1) -> tuple[list, list, list, flo
     return cpu, thread, wall, (inside - s0) + (time.process_time() - c1)
 
 
+def operators(steps: int, epochs: int) -> int:
+    """The ATen operators of one run, as a dispatch mode sees them (those poolsight scopes)."""
+    seen = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal seen
+            seen += 1
+            return func(*args, **(kwargs or {}))
+
+    model, optimizer, images, labels = make()
+    epoch(model, optimizer, images, labels, 1)
+    with Count():
+        for _ in range(epochs):
+            epoch(model, optimizer, images, labels, steps)
+    return seen
+
+
 def positive(text: str) -> int:
     """An argparse type: a count of at least 1."""
     n = int(text)
@@ -246,6 +264,7 @@ def main() -> None:
             return statistics.median(run[i] for run in runs[n])
 
         base, base_first = med("plain", 0), med("plain", 1)
+        ops = operators(args.steps, args.epochs)
         later = args.epochs > 1
         later_head = f"{'later':>9}" if later else ""
         print(
@@ -255,7 +274,7 @@ def main() -> None:
         )
         print(
             f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
-            f"{'x plain (CPU)':>14} {'epoch 1':>8}{later_head} {'once s':>8}"
+            f"{'x plain (CPU)':>14} {'epoch 1':>8}{later_head} {'once s':>8} {'us/op':>7}"
         )
         for n in names:
             c, first, t, w, o = (med(n, i) for i in range(5))
@@ -264,7 +283,7 @@ def main() -> None:
                 rest = f"{(c - first) / (base - base_first):>9.2f}"
             print(
                 f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} "
-                f"{first / base_first:>8.2f}{rest} {o:>8.3f}"
+                f"{first / base_first:>8.2f}{rest} {o:>8.3f} {(c - base) / ops * 1e6:>+7.2f}"
             )
         print(
             "x plain: the run's CPU time against the plain run's; epoch 1: its first epoch's "
@@ -272,6 +291,10 @@ def main() -> None:
             + ("; later: the other epochs'" if later else "")
         )
         print("once: CPU time to begin and end the variant (recording, hooks), once per run")
+        print(
+            f"us/op: CPU microseconds per operator over the plain run ({ops:,} operators a run, "
+            "as a dispatch mode sees them)"
+        )
         if args.profile:
             import cProfile
             import pstats
