@@ -134,7 +134,13 @@ def main() -> None:
                 observer.observer_remove()
 
         table["C++ observer"] = cpp
-        names = ["plain", "empty bound", "C++ observer", "track+hook"]
+        names = [
+            "plain",
+            "empty bound",
+            "C++ observer",
+            "track+hook (native)",
+            "track+hook (python)",
+        ]
         cpu: dict[str, list[float]] = {n: [] for n in names}
         for r in range(args.repeats):
             for n in names if r % 2 == 0 else list(reversed(names)):
@@ -149,10 +155,10 @@ def main() -> None:
             f"torch {torch.__version__}, one epoch of {args.steps} steps, medians of "
             f"{args.repeats} alternated repeats, 1 intra-op thread"
         )
-        print(f"{'variant':<14} {'CPU s':>8} {'x plain':>8}")
+        print(f"{'variant':<20} {'CPU s':>8} {'x plain':>8}")
         for n in names:
             c = statistics.median(cpu[n])
-            print(f"{n:<14} {c:>8.3f} {c / base:>8.3f}")
+            print(f"{n:<20} {c:>8.3f} {c / base:>8.3f}")
         print(
             f"the C++ observer saw {observer.observer_operators():,} operator calls "
             f"(RecordFunction's: nested and autograd's own included) and "

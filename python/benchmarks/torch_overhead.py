@@ -11,7 +11,9 @@ those costs are once per run, printed on their own:
 
 - ``plain``: no recording;
 - ``track``, ``hook``, ``track+hook``: ``poolsight.torch.track(model, optimizer)`` and
-  ``poolsight.torch.hook(model)``, alone and together, as the README shows them;
+  ``poolsight.torch.hook(model)``, alone and together, as the README shows them, with each
+  backend: ``(native)``, PyTorch's C++ callbacks (built on first use, before the clocks
+  start), and ``(python)``, the dispatch mode;
 - ``MemTracker``: ``torch.distributed._tools.mem_tracker.MemTracker`` (PyTorch's per-category
   tracker), the step inside it;
 - ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``;
@@ -105,13 +107,13 @@ def variants(tmp: str):
     counter = iter(range(1 << 30))
 
     @contextlib.contextmanager
-    def recorded(model, optimizer, track: bool, hook: bool):
+    def recorded(model, optimizer, track: bool, hook: bool, backend: str):
         path = os.path.join(tmp, f"run-{next(counter)}.pstrace")
         with poolsight.record(path), contextlib.ExitStack() as stack:
             if track:
-                stack.enter_context(poolsight.torch.track(model, optimizer))
+                stack.enter_context(poolsight.torch.track(model, optimizer, backend=backend))
             if hook:
-                stack.enter_context(poolsight.torch.hook(model))
+                stack.enter_context(poolsight.torch.hook(model, backend=backend))
             yield
         os.remove(path)
 
@@ -161,9 +163,12 @@ def variants(tmp: str):
         "plain": lambda m, o: contextlib.nullcontext(),
         "empty mode": empty_mode,
         "empty bound": empty_bound,
-        "track": lambda m, o: recorded(m, o, True, False),
-        "hook": lambda m, o: recorded(m, o, False, True),
-        "track+hook": lambda m, o: recorded(m, o, True, True),
+        "track (native)": lambda m, o: recorded(m, o, True, False, "native"),
+        "track (python)": lambda m, o: recorded(m, o, True, False, "python"),
+        "hook (native)": lambda m, o: recorded(m, o, False, True, "native"),
+        "hook (python)": lambda m, o: recorded(m, o, False, True, "python"),
+        "track+hook (native)": lambda m, o: recorded(m, o, True, True, "native"),
+        "track+hook (python)": lambda m, o: recorded(m, o, True, True, "python"),
         "MemTracker": memtracker,
         "profiler": profiler,
     }
@@ -193,6 +198,24 @@ def run_once(ctx_of, steps: int, epochs: int = 1) -> tuple[list, list, list, flo
     return cpu, thread, wall, (inside - s0) + (time.process_time() - c1)
 
 
+def operators(steps: int, epochs: int) -> int:
+    """The ATen operators of one run, as a dispatch mode sees them (those poolsight scopes)."""
+    seen = 0
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal seen
+            seen += 1
+            return func(*args, **(kwargs or {}))
+
+    model, optimizer, images, labels = make()
+    epoch(model, optimizer, images, labels, 1)
+    with Count():
+        for _ in range(epochs):
+            epoch(model, optimizer, images, labels, steps)
+    return seen
+
+
 def positive(text: str) -> int:
     """An argparse type: a count of at least 1."""
     n = int(text)
@@ -210,12 +233,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=positive, default=3, help="epochs per recorded run")
     ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
     ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
-    ap.add_argument("--profile-variant", default="track+hook", help="the variant --profile runs")
+    ap.add_argument(
+        "--profile-variant", default="track+hook (native)", help="the variant --profile runs"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         table = variants(tmp)
         names = args.only or list(table)
+        unknown = [n for n in names if n not in table]
+        if unknown:
+            ap.error(f"--only: no variant {unknown[0]!r} (variants: {', '.join(table)})")
         if "plain" not in names:
             names.insert(0, "plain")
         # Per variant, per repeat: the run's CPU time (all epochs), its first epoch's, the
@@ -236,6 +264,7 @@ def main() -> None:
             return statistics.median(run[i] for run in runs[n])
 
         base, base_first = med("plain", 0), med("plain", 1)
+        ops = operators(args.steps, args.epochs)
         later = args.epochs > 1
         later_head = f"{'later':>9}" if later else ""
         print(
@@ -244,8 +273,8 @@ def main() -> None:
             f"thread, load average {os.getloadavg()[0]:.2f}"
         )
         print(
-            f"{'variant':<12} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
-            f"{'x plain (CPU)':>14} {'epoch 1':>8}{later_head} {'once s':>8}"
+            f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
+            f"{'x plain (CPU)':>14} {'epoch 1':>8}{later_head} {'once s':>8} {'us/op':>7}"
         )
         for n in names:
             c, first, t, w, o = (med(n, i) for i in range(5))
@@ -253,8 +282,8 @@ def main() -> None:
             if later:
                 rest = f"{(c - first) / (base - base_first):>9.2f}"
             print(
-                f"{n:<12} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} "
-                f"{first / base_first:>8.2f}{rest} {o:>8.3f}"
+                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} "
+                f"{first / base_first:>8.2f}{rest} {o:>8.3f} {(c - base) / ops * 1e6:>+7.2f}"
             )
         print(
             "x plain: the run's CPU time against the plain run's; epoch 1: its first epoch's "
@@ -262,6 +291,10 @@ def main() -> None:
             + ("; later: the other epochs'" if later else "")
         )
         print("once: CPU time to begin and end the variant (recording, hooks), once per run")
+        print(
+            f"us/op: CPU microseconds per operator over the plain run ({ops:,} operators a run, "
+            "as a dispatch mode sees them)"
+        )
         if args.profile:
             import cProfile
             import pstats

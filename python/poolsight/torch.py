@@ -274,6 +274,11 @@ class _State:
         self.hooked: set[int] = set()
         self.mode: _Mode | None = None
         self.mode_users = 0
+        # What sees operators while mode_users > 0: "python" (the dispatch mode) or "native"
+        # (the native observer, its library in self.observer).
+        self.backend: str | None = None
+        self.observer: Any = None
+        self._profiler_hooks: Any = None
         self.tracker: _Tracker | None = None
         self.globals: list = []
         self.global_users = 0
@@ -343,6 +348,7 @@ class _State:
             # In backward (a recomputation), the line that called backward().
             parent = state.user_parent(frame)
             calls.enter(native, frame, _KIND_LINK, name, 0, file, line, parent)
+            hot.calls_now(len(calls.calls))
             if not _in_backward():
                 if len(calls.calls) == 1 and hot.backward_ran:
                     # A new forward pass after a backward: the old spans are done with.
@@ -357,6 +363,7 @@ class _State:
                 # The autograd nodes this call made belong to its stack, for their backward.
                 spans.add(local.starts.pop(), _next_node(), native.scopes_stack())
             calls.exit(native, frame, raised)
+            hot.calls_now(len(calls.calls))
 
         handles = [module.register_forward_pre_hook(pre)]
         try:
@@ -394,23 +401,119 @@ class _State:
     # -- the dispatch mode ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def mode_if(self, needed: bool) -> Iterator[None]:
-        """The recording's dispatch mode, entered by its first user and left by its last."""
+    def mode_if(self, needed: bool, backend: str = "auto", who: str = "track()") -> Iterator[None]:
+        """What sees every operator (the native observer or the dispatch mode, see
+        :func:`track`'s ``backend``), started by its first user and stopped by its last; later
+        users share it."""
         if not needed:
             yield
             return
-        if self.mode is None:
-            mode = _Mode(self)
-            mode.__enter__()
-            self.mode = mode
+        if self.mode_users == 0:
+            self._start_observer(backend, who)
+        elif backend != "auto" and backend != self.backend:
+            raise PoolsightError(
+                f"{who} asked for backend={backend!r}, but the {self.backend} backend already "
+                "observes this recording's operators (one backend per recording at a time)"
+            )
         self.mode_users += 1
         try:
             yield
         finally:
             self.mode_users -= 1
-            if self.mode_users == 0 and self.mode is not None:
-                mode, self.mode = self.mode, None
-                mode.__exit__(None, None, None)
+            if self.mode_users == 0:
+                self._stop_observer()
+
+    def _start_observer(self, backend: str, who: str) -> None:
+        wanted = _AUTO if backend == "auto" else backend
+        if wanted == "native":
+            why = self._start_native()
+            if why is None:
+                self.backend = "native"
+                return
+            if backend == "native":
+                raise PoolsightError(f"{who} cannot use the native backend: {why}")
+            _say_fallback(why)
+        mode = _Mode(self)
+        mode.__enter__()
+        self.mode, self.backend = mode, "python"
+
+    def _start_native(self) -> str | None:
+        """Starts the native observer on this thread; None, or why it cannot be."""
+        if self.rec.stacks == "python":
+            return "stacks='python' needs the Python backend"
+        if torch.autograd.profiler._is_profiler_enabled:
+            return "a torch.profiler is running (its memory reports would hide poolsight's)"
+        from . import _native_observer
+
+        try:
+            lib = _native_observer.load()
+        except _native_observer.Unavailable as e:
+            return str(e)
+        status = lib.poolsight_observer_install(self.hot.native_table())
+        if status != 0:
+            return (
+                "another recording's native observer is running"
+                if status == 1
+                else "the cached library does not match this poolsight"
+            )
+        self.hot.native = True
+        if lib.poolsight_observer_enter() != 0:
+            self.hot.native = False
+            lib.poolsight_observer_remove()
+            return "a torch.profiler is running (its memory reports would hide poolsight's)"
+        self.observer = lib
+        self._profiler_steps_aside(lib)
+        return None
+
+    def _profiler_steps_aside(self, lib: Any) -> None:
+        """A profiler started while the native observer runs: PyTorch refuses to start one
+        over another profiler state, so the observer's steps aside on the profiler's thread
+        until it stops (PyTorch calls these two around enabling and disabling it)."""
+        from torch.autograd import profiler
+
+        start, stop = profiler._run_on_profiler_start, profiler._run_on_profiler_stop
+
+        def on_start() -> None:
+            lib.poolsight_observer_pause()
+            start()
+
+        def on_stop() -> None:
+            stop()
+            lib.poolsight_observer_resume()
+
+        profiler._run_on_profiler_start, profiler._run_on_profiler_stop = on_start, on_stop
+        self._profiler_hooks = (on_start, on_stop, start, stop)
+
+    def _profiler_back(self) -> None:
+        from torch.autograd import profiler
+
+        hooks, self._profiler_hooks = self._profiler_hooks, None
+        if hooks is None:
+            return
+        on_start, on_stop, start, stop = hooks
+        if profiler._run_on_profiler_start is on_start:
+            profiler._run_on_profiler_start = start
+        if profiler._run_on_profiler_stop is on_stop:
+            profiler._run_on_profiler_stop = stop
+
+    def _stop_observer(self) -> None:
+        if self.backend == "native":
+            lib, self.observer = self.observer, None
+            self._profiler_back()
+            lib.poolsight_observer_exit()
+            hidden = lib.poolsight_observer_remove()
+            self.hot.native = False
+            if hidden:
+                print(
+                    f"poolsight: a profiler ran inside track() for {hidden:,} operator calls; "
+                    "frees it reported to itself are missing from the trace (use "
+                    "backend='python' to record under a profiler)",
+                    file=sys.stderr,
+                )
+        elif self.mode is not None:
+            mode, self.mode = self.mode, None
+            mode.__exit__(None, None, None)
+        self.backend = None
 
     # -- process-wide hooks: every module's forward, every optimizer's step ----------------------
 
@@ -471,6 +574,7 @@ class _State:
         parent = self.user_parent(frame)
         calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
         token = calls.calls[-1][1]
+        self.hot.calls_now(len(calls.calls))
         self.steps[id(token)] = (token, self.sites.user_frame(frame))
         self.hot.steps_open = True
         tracker = self.tracker
@@ -486,6 +590,7 @@ class _State:
             self.steps.pop(id(calls[-1][1]), None)
         self.hot.steps_open = bool(self.steps)
         self.calls.exit(self.native, frame)
+        self.hot.calls_now(len(self.calls.calls))
 
 
 def _tensors(out: Any) -> list:
@@ -529,6 +634,7 @@ def hook(
     links: bool = True,
     functions: bool = True,
     user_line: bool = True,
+    backend: str = "auto",
 ) -> Iterator[None]:
     """``with poolsight.torch.hook(model):`` records every module call of ``model`` as a link
     scope named by its class (``poolsight timers --links``), and every operator as a function
@@ -536,9 +642,12 @@ def hook(
     (``poolsight functions``). Scopes nest: an allocation counts for every open scope. A
     backward operator nests under the module whose forward made it. ``user_line`` puts the line
     of your code that made the call (see :data:`LIBRARY_DIRS`) above the modules and operators.
+    ``backend`` says what sees the operators, as for :func:`track` (which it shares with a
+    :func:`track` of the same recording).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"hook() needs a torch.nn.Module, not {type(model).__name__}")
+    _check_backend(backend)
     rec = _recording(recorder)
     state = _State.of(rec)
     if id(model) in state.hooked:
@@ -554,7 +663,7 @@ def hook(
         state.enter_globals()
         try:
             # Operator scopes need the dispatch mode; module scopes alone do not.
-            with state.mode_if(functions):
+            with state.mode_if(functions, backend, "hook()"):
                 yield
         finally:
             state.exit_globals()
@@ -566,6 +675,30 @@ def hook(
 
 
 # -- the observer -------------------------------------------------------------------------------
+
+#: What ``backend`` may be in :func:`track` and :func:`hook`.
+_BACKENDS = ("auto", "native", "python")
+
+#: What ``backend="auto"`` picks first.
+_AUTO = "native"
+
+_said: set[str] = set()
+
+
+def _check_backend(backend: Any) -> None:
+    if not isinstance(backend, str) or backend not in _BACKENDS:
+        raise ValueError(
+            f"backend must be one of {', '.join(map(repr, _BACKENDS))}, not {backend!r}"
+        )
+
+
+def _say_fallback(why: str) -> None:
+    """The one line saying ``auto`` fell back to the Python backend, and why (once per reason
+    in a process)."""
+    if why in _said:
+        return
+    _said.add(why)
+    print(f"poolsight: track() observes with the Python backend: {why}", file=sys.stderr)
 
 
 class _Tracker:
@@ -682,6 +815,7 @@ def track(
     *,
     scopes: bool = True,
     user_line: bool = True,
+    backend: str = "auto",
 ) -> Iterator[_Tracker]:
     """``with poolsight.torch.track(model, optimizer):`` records every tensor storage created
     meanwhile as an allocation with a category (see :data:`CATEGORIES`), on any device, keeping
@@ -691,7 +825,15 @@ def track(
     ``scopes`` (the default) ``model``'s modules are link scopes too, so reports break memory
     down by module and category; ``user_line`` puts the line of your code that made the call
     above them. Yields the tracker (``tracker.track_tensor(t, category)`` records tensors made
-    outside, e.g. a dataset loaded before)."""
+    outside, e.g. a dataset loaded before).
+
+    ``backend`` says what sees every operator: ``"native"``, PyTorch's own C++ callbacks
+    (``RecordFunction`` for operators, the allocator's reports for frees), compiled against the
+    installed PyTorch on first use and cached (see docs/python.md); ``"python"``, a
+    ``TorchDispatchMode``; ``"auto"`` (the default), the native one where it can be had, else
+    the Python one with one line on stderr saying why (no compiler, a failed build, a profiler
+    running, ``stacks="python"``). ``"native"`` raises where it cannot be had."""
+    _check_backend(backend)
     rec = _recording(recorder)
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or None, not {type(model).__name__}")
@@ -722,7 +864,7 @@ def track(
     try:
         state.enter_globals()
         try:
-            with state.mode_if(True):
+            with state.mode_if(True, backend, "track()"):
                 yield tracker
         finally:
             state.exit_globals()

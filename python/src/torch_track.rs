@@ -28,6 +28,9 @@ use poolsight_recorder::{DeviceInfo, DeviceKind, Phase, ScopeKind};
 use crate::autograd::Spans;
 use crate::{Map, Recorder};
 
+mod native;
+use native::NativeTable;
+
 /// `poolsight.torch.CATEGORIES` (the Python module takes them from here), in its order.
 const CATEGORIES: [&str; 7] = [
     "parameter",
@@ -65,8 +68,9 @@ struct OpInfo {
     view: bool,
     /// Gets a scope (the profiler's own operators do not).
     scoped: bool,
-    /// Keeps the operator, whose address is the key, alive.
-    _func: Py<PyAny>,
+    /// Keeps the operator, whose address is the key, alive (None: the native observer's,
+    /// keyed by its name's address, which lives as long as PyTorch).
+    _func: Option<Py<PyAny>>,
     /// Its scope's stack under a parent stack, forward or backward (interned once each).
     stacks: Mutex<Map<(u32, bool), u32>>,
 }
@@ -94,8 +98,9 @@ struct Seen {
     device: u32,
     /// The stack a relabelling records it under (without its category).
     base: u32,
-    /// The weakref whose callback records its free (kept alive here).
-    _weakref: Py<PyAny>,
+    /// The weakref whose callback records its free (kept alive here); None under the native
+    /// observer, where the allocator reports the free.
+    _weakref: Option<Py<PyAny>>,
 }
 
 /// A code object as `_Sites._judge` judged it.
@@ -132,6 +137,9 @@ struct Storages {
     seen: Map<u64, Seen>,
     /// The `_cdata` of a storage by the address of the weakref that watches it.
     by_weakref: Map<usize, u64>,
+    /// The key of a storage recorded under the native observer by its address (the
+    /// allocator reports frees by address).
+    by_ptr: Map<u64, u64>,
     /// PyTorch's device index (-1: CPU) -> the trace's device id.
     devices: Map<i64, u32>,
     /// (stack, category) -> the stack with the category's label frame.
@@ -146,6 +154,8 @@ struct Storages {
 struct Local {
     forward: u32,
     recompute: u32,
+    /// Module calls and optimizer steps open (`OpenCalls`), for the native observer.
+    calls: u32,
 }
 
 thread_local! {
@@ -201,6 +211,12 @@ pub struct TorchState {
     storages: Arc<Mutex<Storages>>,
     op_infos: Mutex<Map<usize, Arc<OpInfo>>>,
     sites: Sites,
+    /// The native observer (`poolsight._native_observer`) is what sees operators and frees.
+    native: AtomicBool,
+    /// Its operators, by the address of their name.
+    native_ops: Mutex<Map<usize, Arc<OpInfo>>>,
+    /// The table of functions handed to it, once made.
+    table: Mutex<Option<Box<NativeTable>>>,
     /// Every weakref's callback. Not a method of this object: the weakrefs it keeps would
     /// keep it alive.
     gone: Py<Gone>,
@@ -290,7 +306,7 @@ impl TorchState {
             name,
             view,
             scoped,
-            _func: func.clone().unbind(),
+            _func: Some(func.clone().unbind()),
             stacks: Mutex::new(Map::default()),
         });
         lock(&self.op_infos).insert(key, info.clone());
@@ -553,6 +569,10 @@ impl TorchState {
         let py = slf.py();
         let this = slf.get();
         let device = this.device(py, t)?;
+        if this.native.load(Relaxed) {
+            this.record_native(key, ptr, bytes, device, category, base, outer);
+            return Ok(());
+        }
         this.observed(bytes, ptr, base, category, device);
         this.recorded.fetch_add(1, Relaxed);
         let weakref = PyWeakrefReference::new_with(st, this.gone.bind(py))?;
@@ -567,7 +587,7 @@ impl TorchState {
                 ptr,
                 device,
                 base: outer,
-                _weakref: weakref.into_any().unbind(),
+                _weakref: Some(weakref.into_any().unbind()),
             },
         );
         Ok(())
@@ -766,6 +786,9 @@ impl TorchState {
             storages,
             op_infos: Mutex::new(Map::default()),
             sites: Sites::default(),
+            native: AtomicBool::new(false),
+            native_ops: Mutex::new(Map::default()),
+            table: Mutex::new(None),
             gone,
         })
     }
@@ -943,6 +966,28 @@ impl TorchState {
         step.in_optimizer = step.in_optimizer.saturating_sub(1);
         step.forward_seen = false;
         step.backward_seen = false;
+    }
+
+    /// The address of the table of functions the native observer calls
+    /// (`poolsight_observer_install`), valid while this object lives.
+    fn native_table(&self) -> usize {
+        self.table_address()
+    }
+
+    /// The native observer sees operators and frees (set while it is installed).
+    #[getter]
+    fn get_native(&self) -> bool {
+        self.native.load(Relaxed)
+    }
+    #[setter]
+    fn set_native(&self, v: bool) {
+        self.native.store(v, Relaxed)
+    }
+
+    /// The module calls and optimizer steps open on this thread (`len(OpenCalls.calls)`),
+    /// said by the hooks after each change: the native observer reads it.
+    fn calls_now(&self, n: u32) {
+        self.update_local(|l| l.calls = n);
     }
 
     #[getter]

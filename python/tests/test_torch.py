@@ -1,5 +1,6 @@
 """PyTorch on CPU: modules as links, operators as functions, tensor storages observed with a
-category, epochs, the Lightning callback; what needs CUDA skips with a printed reason."""
+category, epochs, the Lightning callback; what needs CUDA skips with a printed reason. Every
+test runs with each backend of ``track()`` and ``hook()``."""
 
 import sys
 
@@ -11,6 +12,21 @@ from conftest import report_json  # noqa: E402
 
 import poolsight  # noqa: E402
 import poolsight.torch as pst  # noqa: E402
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def backend(request, monkeypatch):
+    """Every test with each backend of ``track()`` and ``hook()`` (what ``auto`` picks)."""
+    if request.param == "native":
+        from poolsight import _native_observer
+
+        try:
+            _native_observer.load()
+        except _native_observer.Unavailable as e:
+            print(f"skipped: no native observer here ({e})", file=sys.stderr)
+            pytest.skip(f"no native observer here: {e}")
+    monkeypatch.setattr(pst, "_AUTO", request.param)
+    return request.param
 
 
 class MLP(torch.nn.Module):

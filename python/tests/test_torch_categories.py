@@ -5,10 +5,13 @@ Each style trains the same CNN + Transformer-encoder model two steps with AdamW 
 second step's peak holds optimizer state), three times from the same seed: under poolsight's
 ``track()`` + ``hook()``, under ``MemTracker``, under ``torch.profiler``. poolsight's figures
 are read twice: from ``poolsight categories --format json``, and by replaying the trace's own
-events from ``poolsight export --format json`` here, independently of the analyzer."""
+events from ``poolsight export --format json`` here, independently of the analyzer. Every test
+runs with each backend of ``track()`` (the native observer and the Python dispatch mode), which
+must give the same figures."""
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -22,6 +25,21 @@ import poolsight.torch as pst
 mem_tracker = pytest.importorskip(
     "torch.distributed._tools.mem_tracker", reason="this torch has no MemTracker"
 )
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def backend(request, monkeypatch):
+    """What ``track()`` and ``hook()`` pick by default in the test (``backend="auto"``)."""
+    if request.param == "native":
+        from poolsight import _native_observer
+
+        try:
+            _native_observer.load()
+        except _native_observer.Unavailable as e:
+            print(f"skipped: no native observer here ({e})", file=sys.stderr)
+            pytest.skip(f"no native observer here: {e}")
+    monkeypatch.setattr(pst, "_AUTO", request.param)
+    return request.param
 
 
 class Net(nn.Module):
@@ -412,9 +430,10 @@ def test_lightning_callback_says_when_it_recorded_no_allocation(trace, capsys):
         PoolsightCallback(track="yes")
 
 
-def side_by_side():
+def side_by_side(backend="auto"):
     """The README's table: each style's peak and categories, poolsight's next to MemTracker's
-    and the profiler's (``python python/tests/test_torch_categories.py``)."""
+    and the profiler's (``python python/tests/test_torch_categories.py [native|python]``)."""
+    pst._AUTO = "native" if backend == "auto" else backend
     order = ["input", "activation", "temporary", "gradient", "optimizer_state", "parameter"]
     print("| training style | peak | " + " | ".join(order) + " | MemTracker | torch.profiler |")
     print("|---" * (len(order) + 4) + "|")
@@ -452,7 +471,5 @@ def side_by_side():
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.path.insert(0, os.path.dirname(__file__))
-    side_by_side()
+    side_by_side(*sys.argv[1:2])

@@ -1,0 +1,380 @@
+//! The native observer's side of `TorchState`: the functions `poolsight._native_observer`
+//! (C++, compiled against the installed PyTorch) calls for every operator the dispatch mode
+//! would see and every free the allocator reports, without the interpreter. The rules are
+//! `dispatch`'s and `outputs`' (the parent module's); what differs is where the facts come
+//! from: the operator's name and whether it is a view from PyTorch's dispatcher, whether it
+//! runs in backward and the autograd node running from autograd's thread-local state, the
+//! module calls open from `calls_now` (the Python hooks say it at each call). Python is called
+//! only for what it alone knows, as `dispatch` does: the user's line of an operator called
+//! outside every module call.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use pyo3::intern;
+use pyo3::prelude::*;
+
+use poolsight_recorder::{DeviceInfo, DeviceKind, Phase, ScopeToken};
+
+use super::{lock, Map, OpInfo, Seen, TorchState};
+
+/// The table's layout, as `observer.cpp` reads it (`Table`).
+pub(super) const TABLE_VERSION: u32 = 1;
+
+#[repr(C)]
+pub(super) struct NativeTable {
+    version: u32,
+    /// The `TorchState` (its address; it outlives the table's use: see `native_table`).
+    ctx: usize,
+    op_begin: extern "C" fn(*const c_void, *const c_char, u32, u32, i64) -> u32,
+    op_end: extern "C" fn(*const c_void, u32, *const NativeOutput, usize, u32),
+    freed: extern "C" fn(*const c_void, u64, i32, i32),
+}
+
+/// One output storage of an operator (`Output` in `observer.cpp`).
+#[repr(C)]
+pub(super) struct NativeOutput {
+    /// The `StorageImpl`'s address: the key `UntypedStorage._cdata` gives on the Python side.
+    key: u64,
+    ptr: u64,
+    bytes: u64,
+    device_type: i32,
+    device_index: i32,
+}
+
+/// c10's `DeviceType::CPU` and `CUDA`.
+const CPU: i32 = 0;
+const CUDA: i32 = 1;
+
+/// An operator open on this thread, between `op_begin` and `op_end`.
+struct OpenOp {
+    /// Its scope (None: operator scopes are off, or not this operator's).
+    token: Option<ScopeToken>,
+    /// The stack its scope opened under, where a storage relabelled later goes.
+    parent: Option<u32>,
+    in_backward: bool,
+    node: i64,
+    view: bool,
+}
+
+thread_local! {
+    static OPEN: RefCell<Vec<OpenOp>> = const { RefCell::new(Vec::new()) };
+}
+
+impl TorchState {
+    /// The table for `observer.cpp`, made once; its address stays valid as long as this
+    /// object lives (the Python `_State` removes the observer before letting it go).
+    pub(super) fn table_address(&self) -> usize {
+        let mut table = lock(&self.table);
+        let t = table.get_or_insert_with(|| {
+            Box::new(NativeTable {
+                version: TABLE_VERSION,
+                ctx: self as *const TorchState as usize,
+                op_begin,
+                op_end,
+                freed,
+            })
+        });
+        &**t as *const NativeTable as usize
+    }
+
+    fn native_op(&self, name: *const c_char, view: bool) -> Arc<OpInfo> {
+        let key = name as usize;
+        if let Some(info) = lock(&self.native_ops).get(&key) {
+            return info.clone();
+        }
+        // SAFETY: the name of a dispatcher operator, a C string that lives as long as
+        // PyTorch's dispatcher.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned();
+        let scoped = !name.starts_with("profiler::");
+        let info = Arc::new(OpInfo {
+            name,
+            view,
+            scoped,
+            _func: None,
+            stacks: Mutex::new(Map::default()),
+        });
+        lock(&self.native_ops).insert(key, info.clone());
+        info
+    }
+
+    /// `user_parent` without a Python call where none is needed.
+    fn native_user_parent(&self, parent: u32) -> u32 {
+        if self.user_lines.load(Relaxed) == 0 {
+            return parent;
+        }
+        if self.local().calls > 0 {
+            if !self.step_forward.load(Relaxed) {
+                return parent;
+            }
+            return Python::attach(|py| {
+                self.state
+                    .bind(py)
+                    .call_method1(intern!(py, "user_parent_here"), (parent,))?
+                    .extract::<u32>()
+            })
+            .unwrap_or(parent);
+        }
+        Python::attach(|py| self.user_line(py, parent)).unwrap_or(parent)
+    }
+
+    /// `backward_parent`, the node's sequence number given.
+    fn native_backward_parent(&self, node: i64) -> Option<u32> {
+        self.backward_ran.store(true, Relaxed);
+        if node < 0 {
+            return None;
+        }
+        self.spans.get().find(node as u64)
+    }
+
+    /// `base` of the native path.
+    fn native_base(&self, in_backward: bool, node: i64) -> u32 {
+        let session = self.session();
+        let ops = self.ops.load(Relaxed) > 0;
+        if in_backward {
+            if !ops {
+                if let Some(parent) = self.native_backward_parent(node) {
+                    return parent;
+                }
+            }
+            return session.current_stack();
+        }
+        if !ops {
+            return self.native_user_parent(session.current_stack());
+        }
+        session.current_stack()
+    }
+
+    /// The trace's device of c10's (type, index), as `device` numbers them.
+    fn native_device(&self, device_type: i32, index: i32) -> u32 {
+        let key = if device_type == CPU { -1 } else { index as i64 };
+        let mut storages = lock(&self.storages);
+        if let Some(&d) = storages.devices.get(&key) {
+            return d;
+        }
+        let next = storages.devices.len() as u32;
+        storages.devices.insert(key, next);
+        drop(storages);
+        let name = match device_type {
+            CPU => "cpu".to_string(),
+            CUDA => format!("cuda:{index}"),
+            13 => "mps".to_string(),
+            12 => format!("xpu:{index}"),
+            t => format!("device{t}:{index}"),
+        };
+        self.session().define_device_info(DeviceInfo {
+            id: next,
+            name,
+            capacity: 0,
+            allocation_unit: 1,
+            kind: if device_type == CPU {
+                DeviceKind::Cpu
+            } else {
+                DeviceKind::Gpu
+            },
+            observed: true,
+        });
+        next
+    }
+
+    /// Records a storage not seen before, its free to come from the allocator's reports.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record_native(
+        &self,
+        key: u64,
+        ptr: u64,
+        bytes: u64,
+        device: u32,
+        category: u8,
+        base: u32,
+        outer: u32,
+    ) {
+        self.observed(bytes, ptr, base, category, device);
+        self.recorded.fetch_add(1, Relaxed);
+        let mut storages = lock(&self.storages);
+        if let Some(old) = storages.by_ptr.insert(ptr, key) {
+            // A block at this address recorded before whose free was not reported (made
+            // before tracking began): it is gone.
+            if old != key {
+                storages.seen.remove(&old);
+            }
+        }
+        storages.seen.insert(
+            key,
+            Seen {
+                category,
+                bytes,
+                ptr,
+                device,
+                base: outer,
+                _weakref: None,
+            },
+        );
+    }
+
+    fn native_outputs(&self, outputs: &[NativeOutput], op: &OpenOp, base: Option<u32>) {
+        let mut category = None;
+        let mut base = base;
+        for out in outputs {
+            if out.ptr == 0 || self.is_seen(out.key) {
+                continue;
+            }
+            let cat = *category.get_or_insert_with(|| self.category(op.view, op.in_backward));
+            let b = *base.get_or_insert_with(|| self.native_base(op.in_backward, op.node));
+            let device = self.native_device(out.device_type, out.device_index);
+            self.record_native(
+                out.key,
+                out.ptr,
+                out.bytes,
+                device,
+                cat,
+                b,
+                op.parent.unwrap_or(b),
+            );
+        }
+    }
+
+    fn native_begin(&self, name: *const c_char, view: bool, in_backward: bool, node: i64) -> u32 {
+        let info = self.native_op(name, view);
+        let tracking = self.tracking.load(Relaxed);
+        let ops = self.ops.load(Relaxed) > 0;
+        let scoped = ops && info.scoped;
+        if !tracking && !scoped {
+            return 0;
+        }
+        let mut op = OpenOp {
+            token: None,
+            parent: None,
+            in_backward,
+            node,
+            view,
+        };
+        if scoped {
+            let session = self.session();
+            let (phase, parent) = if in_backward {
+                // Activation checkpointing's recomputation: under the modules running again.
+                let parent = if self.local().recompute > 0 {
+                    None
+                } else {
+                    self.native_backward_parent(node)
+                };
+                let parent =
+                    parent.unwrap_or_else(|| self.native_user_parent(session.current_stack()));
+                (Phase::Backward, parent)
+            } else {
+                let stepping = self.steps_open.load(Relaxed) && self.step_forward.load(Relaxed);
+                let parent = if self.local().calls > 0 && !stepping {
+                    session.current_stack()
+                } else {
+                    self.native_user_parent(session.current_stack())
+                };
+                (Phase::Forward, parent)
+            };
+            op.token = Some(session.enter_stack(info.stack(session, parent, phase)));
+            op.parent = Some(parent);
+        }
+        OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            open.push(op);
+            open.len() as u32
+        })
+    }
+
+    fn native_end(&self, handle: u32, outputs: &[NativeOutput], raised: bool) {
+        let Some(op) = OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            let at = handle as usize;
+            if at == 0 || at > open.len() {
+                return None;
+            }
+            // Operators opened after this one and never ended (not expected): aborted.
+            while open.len() > at {
+                if let Some(token) = open.pop().and_then(|o| o.token) {
+                    let _ = self.session().abort(token);
+                }
+            }
+            open.pop()
+        }) else {
+            return;
+        };
+        if raised {
+            // An op that raised is not a call of it (no row, no time).
+            if let Some(token) = op.token {
+                let _ = self.session().abort(token);
+            }
+            return;
+        }
+        if self.tracking.load(Relaxed) {
+            self.native_outputs(outputs, &op, op.token.as_ref().map(ScopeToken::stack));
+        }
+        if let Some(token) = op.token {
+            let _ = self.session().exit(token);
+        }
+    }
+
+    fn native_freed(&self, ptr: u64) {
+        let entry = {
+            let mut storages = lock(&self.storages);
+            match storages.by_ptr.remove(&ptr) {
+                Some(key) => storages.seen.remove(&key),
+                None => None,
+            }
+        };
+        if let Some(seen) = entry {
+            self.session()
+                .observed_free(seen.device, seen.ptr, seen.bytes);
+        }
+    }
+}
+
+/// The `TorchState` a table was made for.
+///
+/// SAFETY (callers): `ctx` is the `ctx` of a table made by `table_address`, whose object the
+/// Python side keeps alive while the observer can call.
+unsafe fn state<'a>(ctx: *const c_void) -> &'a TorchState {
+    unsafe { &*(ctx as *const TorchState) }
+}
+
+extern "C" fn op_begin(
+    ctx: *const c_void,
+    name: *const c_char,
+    view: u32,
+    in_backward: u32,
+    node: i64,
+) -> u32 {
+    // SAFETY: see `state`.
+    let this = unsafe { state(ctx) };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        this.native_begin(name, view != 0, in_backward != 0, node)
+    }))
+    .unwrap_or(0)
+}
+
+extern "C" fn op_end(
+    ctx: *const c_void,
+    handle: u32,
+    outputs: *const NativeOutput,
+    n: usize,
+    raised: u32,
+) {
+    // SAFETY: see `state`; `outputs` holds `n` outputs for the length of the call.
+    let this = unsafe { state(ctx) };
+    let outputs = if n == 0 || outputs.is_null() {
+        &[][..]
+    } else {
+        unsafe { std::slice::from_raw_parts(outputs, n) }
+    };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        this.native_end(handle, outputs, raised != 0)
+    }));
+}
+
+extern "C" fn freed(ctx: *const c_void, ptr: u64, _device_type: i32, _device_index: i32) {
+    // SAFETY: see `state`.
+    let this = unsafe { state(ctx) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr)));
+}
