@@ -72,6 +72,34 @@ def test_a_test_over_its_limit_fails_naming_the_stacks_at_the_peak(pytester):
     assert top.split() == ["4.00", "MiB", "build", "(test_tensors.py:6)", "->", "input"], top
 
 
+def test_hooking_the_model_in_the_test_names_module_and_operator(pytester):
+    pytester.makepyfile(
+        test_hooked="""
+        import contextlib
+        import poolsight, poolsight.torch
+        import pytest
+        import torch
+
+        @pytest.mark.limit_memory("24 MB")
+        def test_forward():
+            model = torch.nn.Sequential(torch.nn.Linear(1024, 4096))
+            with poolsight.torch.hook(model) if poolsight.active() else contextlib.nullcontext():
+                model(torch.randn(2048, 1024))
+        """
+    )
+    result = pytester.inline_run("--poolsight", "-p", "no:cacheprovider")
+    result.assertoutcome(failed=1)
+    lines = _failure(result, "test_forward").splitlines()
+    # 2048 x 4096 float32 outputs of the Linear: your line -> module -> operator -> category.
+    assert lines[2].split(None, 2)[:2] == ["32.00", "MiB"], lines
+    frames = lines[2].split(None, 2)[2].split(" -> ")
+    assert re.fullmatch(r"test_forward \(test_hooked\.py:\d+\)", frames[0]), frames
+    assert frames[1].startswith("Sequential (") and frames[2].startswith("0: Linear ("), frames
+    assert frames[3:] == ["aten::addmm", "activation"], frames
+    # Without --poolsight the same test runs (and passes: nothing checks its limit).
+    pytester.inline_run("-p", "no:cacheprovider").assertoutcome(passed=1)
+
+
 def test_the_limit_is_the_peak_not_what_is_alive_at_the_end(pytester):
     pytester.makepyfile(
         test_peak="""
