@@ -24,6 +24,7 @@ are powers of 1024; KiB, MiB... are accepted too).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
@@ -307,8 +308,6 @@ class _Recorder:
         self._analyze(result)
 
     def _recording(self, result: _Result) -> Any:
-        import contextlib
-
         import poolsight
 
         @contextlib.contextmanager
