@@ -4,7 +4,8 @@
 # build environment of their own), each checked with `auditwheel show`. One abi3 wheel per
 # architecture serves every CPython >= 3.9.
 #
-#   scripts/wheels.sh                 both architectures, into target/wheels
+#   scripts/wheels.sh                 both architectures, into target/manylinux (scripts/test.sh
+#                                     empties target/wheels: its own, host-only wheel)
 #   scripts/wheels.sh x86_64          one (x86_64 or aarch64)
 #   WHEELS_OUT=dist scripts/wheels.sh another output folder
 #
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT="${WHEELS_OUT:-target/wheels}"
+OUT="${WHEELS_OUT:-target/manylinux}"
 TOOLS="${WHEELS_VENV:-target/wheel-tools}"
 PY="${PYTHON:-python3}"
 

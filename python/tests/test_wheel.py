@@ -2,7 +2,7 @@
 with no Rust toolchain on PATH records a run, and its ``poolsight`` command reads it.
 
 Which wheel: ``POOLSIGHT_WHEEL`` (a path: the release workflow's), else the one in
-``target/wheels``, installed by README.md's "Install from a wheel" lines as written; with
+``target/manylinux``, installed by README.md's "Install from a wheel" lines as written; with
 neither, ``POOLSIGHT_WHEEL_TEST=1`` builds it first with the README's ``scripts/wheels.sh``
 line (minutes). Otherwise the test is skipped, saying why: building release wheels does not
 belong in every test run.
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WHEELS = REPO / "target" / "wheels"
+WHEELS = REPO / "target" / "manylinux"
 PATTERN = "poolsight-*manylinux2014_x86_64*.whl"
 
 
@@ -60,11 +60,11 @@ def _wheel() -> tuple:
         built = sorted(WHEELS.glob(PATTERN))
     if not built:
         _skip(
-            f"no {PATTERN} in target/wheels and POOLSIGHT_WHEEL is unset: run "
+            f"no {PATTERN} in target/manylinux and POOLSIGHT_WHEEL is unset: run "
             "scripts/wheels.sh x86_64, or set POOLSIGHT_WHEEL_TEST=1 to build it here"
         )
     if len(built) > 1:
-        _skip(f"several wheels match the README's line in target/wheels: {built}")
+        _skip(f"several wheels match the README's line in target/manylinux: {built}")
     return built[0], install
 
 
