@@ -650,6 +650,63 @@ fn pack<'py>(
     Ok(d)
 }
 
+/// What a finished trace's peak is made of, as the analyzer replays it for ``poolsight report``
+/// and ``flamegraph --metric peak``: {peak_bytes, peak_ns, end_bytes, devices: [(name, kind)],
+/// at_peak: [(frames, bytes)], categories: [(name, at_peak_bytes, at_end_bytes)], warnings};
+/// ``at_peak`` holds each stack's bytes live at the peak (``export --format folded --metric
+/// peak``), outermost frame first; ``categories`` is ``poolsight categories``' (empty for a
+/// trace without them). ``pytest --poolsight`` checks its limits on these figures.
+#[pyfunction]
+fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    use poolsight::analyzer::{read::load, views::flamegraph};
+    let opts = poolsight::analyzer::ReplayOptions {
+        live_at_peak: true,
+        ..Default::default()
+    };
+    let loaded = py
+        .detach(|| load::load(&[&trace], &opts, |_| {}))
+        .map_err(|e| PoolsightError::new_err(e.to_string()))?;
+    let (Some(t), Some(p)) = (loaded.traces.first(), loaded.profiles.first()) else {
+        return Err(PoolsightError::new_err("no trace was read"));
+    };
+    let source = &p.sources[0];
+    let tree = &p.tree;
+    let mut at_peak: Vec<(Vec<String>, u64)> = tree
+        .walk()
+        .into_iter()
+        .filter_map(|(i, _)| {
+            let bytes = flamegraph::Metric::Peak.self_value(tree, i);
+            let frames = tree.path(i).into_iter().map(flamegraph::frame_label);
+            (bytes > 0).then(|| (frames.collect(), bytes))
+        })
+        .collect();
+    at_peak.sort_by_key(|s| std::cmp::Reverse(s.1));
+    let d = PyDict::new(py);
+    d.set_item("peak_bytes", source.pool.peak_used_bytes)?;
+    d.set_item("peak_ns", source.pool.peak_used_ns)?;
+    d.set_item("end_bytes", source.pool.used_at_end_bytes)?;
+    let devices: Vec<(&str, &str)> = (t.defs.devices.iter())
+        .map(|d| (d.name.as_str(), d.kind.name()))
+        .collect();
+    d.set_item("devices", devices)?;
+    d.set_item("at_peak", at_peak)?;
+    // By memory category (a trace whose allocations carry them): at the peak and at the end.
+    let categories: Vec<(String, u64, u64)> = (source.categories.iter())
+        .flat_map(|c| &c.categories)
+        .map(|c| {
+            (
+                c.name.clone().unwrap_or_default(),
+                c.at_peak_bytes,
+                c.at_end_bytes,
+            )
+        })
+        .collect();
+    d.set_item("categories", categories)?;
+    let warnings: Vec<String> = loaded.warnings.iter().map(|w| w.to_string()).collect();
+    d.set_item("warnings", warnings)?;
+    Ok(d)
+}
+
 /// Runs the poolsight CLI with ``argv`` (``argv[0]`` is the program name); returns its exit
 /// code. Output goes to this process's stdout and stderr.
 #[pyfunction]
@@ -683,6 +740,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Pool>()?;
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_function(wrap_pyfunction!(pack, m)?)?;
+    m.add_function(wrap_pyfunction!(peak, m)?)?;
     torch_alloc::register(m)?;
     autograd::register(m)?;
     cupy_hook::register(m)?;

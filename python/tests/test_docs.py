@@ -122,6 +122,24 @@ PYTHON_SETUPS = {
             torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
         )
     """,
+    # A tiny GPT-2 made from its config (nothing downloaded), synthetic token ids, and the
+    # Trainer's arguments for two epochs on CPU.
+    "hf_gpt2": """
+        import torch
+        import transformers
+
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2)
+        )
+        train_dataset = [
+            {"input_ids": ids, "labels": ids} for ids in torch.randint(0, 128, (16, 16))
+        ]
+        args = transformers.TrainingArguments(
+            output_dir="out", num_train_epochs=2, per_device_train_batch_size=4, use_cpu=True,
+            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        )
+    """,
     # A Chainer Trainer: an MLP classifier, two epochs of synthetic data.
     "chainer_trainer": """
         import chainer
@@ -174,7 +192,7 @@ def _traces(tmp: Path) -> None:
 SHELL_SETUPS = {"traces": _traces}
 
 # What `import poolsight.X` needs installed.
-INTEGRATIONS = {"torch", "cupy", "chainer", "lightning", "fastai"}
+INTEGRATIONS = {"torch", "cupy", "chainer", "lightning", "fastai", "transformers"}
 
 DURATION = re.compile(r" *(?<![\w.])\d+(?:\.\d+)? ?(?:ns|us|µs|ms|sec|s|min)\b")
 
