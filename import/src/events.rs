@@ -381,6 +381,19 @@ pub fn before_trace() -> Frame {
     }
 }
 
+/// The frame of a segment held from before the trace began (a snapshot's segment that no
+/// entry acquired): the stack of its acquisition at the start, so that a replay of the
+/// allocator (`whatif --check`) tells it from the segments the trace recorded.
+pub const HELD_BEFORE: &str = "<held before the trace>";
+
+/// The frame [`HELD_BEFORE`] names: a scope with no file.
+pub fn held_before() -> Frame {
+    Frame {
+        name: HELD_BEFORE.to_owned(),
+        ..before_trace()
+    }
+}
+
 /// What [`Events::write`] wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct WriteSummary {

@@ -598,10 +598,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         // Blocks active at the end that the trace did not allocate: live from the start.
         for &(d, addr, requested, frames, stream) in &live_blocks {
             if d == device && !live.contains_key(&addr) {
-                let label = match infer {
-                    true => Label::Inferred(initial_category(&t, s, frames)),
-                    false => Label::None,
-                };
+                let label = initial_label(infer, &t, s, frames);
                 let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
                 let stream = streams.id(stream);
                 ev.push_initial(Ev::mem(
@@ -617,6 +614,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         // Device memory held at the end, less what the trace acquired: held from the start,
         // segment by segment where the segments tell (so that `oom` sees them), the rest as one.
         let mut before = final_reserved.get(&device).copied().unwrap_or(0) as i128 - seg_net;
+        let held_stack = held_before_stack(&mut ev);
         for &(d, addr, size, stream) in &final_segments {
             if d == device && !held.contains_key(&addr) && size as i128 <= before && size > 0 {
                 before -= size as i128;
@@ -627,7 +625,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                     stream,
                     addr,
                     size,
-                    Stack::NONE,
+                    held_stack,
                 ));
             }
         }
@@ -647,10 +645,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     // Devices that only the segments name.
     for &(d, addr, requested, frames, stream) in &live_blocks {
         if d as usize >= devices.len() {
-            let label = match infer {
-                true => Label::Inferred(initial_category(&t, s, frames)),
-                false => Label::None,
-            };
+            let label = initial_label(infer, &t, s, frames);
             let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
             let stream = streams.id(stream);
             ev.push_initial(Ev::mem(EvKind::Malloc, d, stream, addr, requested, stack));
@@ -659,7 +654,8 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     for &(d, addr, size, stream) in &final_segments {
         if d as usize >= devices.len() && size > 0 {
             let stream = streams.id(stream);
-            ev.push_initial(Ev::mem(EvKind::Acquire, d, stream, addr, size, Stack::NONE));
+            let held_stack = held_before_stack(&mut ev);
+            ev.push_initial(Ev::mem(EvKind::Acquire, d, stream, addr, size, held_stack));
         }
     }
     ev.overflowed = overflowed;
@@ -891,6 +887,22 @@ fn initial_category(t: &Tables, s: &Store<Made>, frames: u32) -> &'static str {
         freed_before: None,
         prev: None,
     }])[0]
+}
+
+/// The stack of a segment held from before the trace ([`crate::events::HELD_BEFORE`]).
+fn held_before_stack(ev: &mut Events) -> Stack {
+    let f = ev.frame(crate::events::held_before());
+    ev.stack(&[f])
+}
+
+/// The label of a segment's block live from the start: its inferred category, when the file's
+/// categories are inferred.
+fn initial_label(infer: bool, t: &Tables, s: &Store<Made>, frames: u32) -> Label {
+    if infer {
+        Label::Inferred(initial_category(t, s, frames))
+    } else {
+        Label::None
+    }
 }
 
 /// The inferred category of each `alloc` entry of one device, in order ([`infer`]).

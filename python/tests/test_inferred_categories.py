@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import report_json
+from test_snapshots import snapshot_of
 from torch import nn
 
 pytest.importorskip("torch.cuda._memory_viz", reason="this torch has no _memory_viz")
@@ -99,21 +100,17 @@ STYLES = {
 
 
 def snapshot(train, kw) -> dict:
-    from torch.cuda._memory_viz import _profile_to_snapshot
-    from torch.profiler import ProfilerActivity, profile
-
+    """PyTorch's snapshot of a profile of three steps of `train` (test_snapshots.py's)."""
     torch.manual_seed(0)
     model = Net(**kw)
     opt = torch.optim.AdamW(model.parameters())
     batches = [(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))) for _ in range(3)]
-    with profile(
-        activities=[ProfilerActivity.CPU],
-        profile_memory=True,
-        with_stack=True,
-        record_shapes=True,
-    ) as prof:
+
+    def run():
         train(model, opt, batches)
-    return _profile_to_snapshot(prof)
+        return model, opt
+
+    return snapshot_of(run)
 
 
 def by_category(path) -> tuple[dict, int, bool]:

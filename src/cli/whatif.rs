@@ -432,7 +432,7 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
                 match r.kind {
                     RequestKind::Acquire => {
                         held = held.saturating_add(r.bytes);
-                        if r.addr <= 1 {
+                        if r.addr <= 1 || held_before(trace, r) {
                             start += r.bytes;
                         }
                     }
@@ -462,6 +462,9 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
                 ),
                 _ => (None, "none"),
             };
+            // Segments held from before the trace are the state the replay starts from (taken
+            // from the snapshot's `segments`), not segments the trace recorded: the model reads
+            // them as memory held from the start (address 1, as an importer writes a lump).
             let requests = mine
                 .iter()
                 .map(|r| Request {
@@ -474,7 +477,11 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
                         RequestKind::Release => Op::Release,
                     },
                     stream: r.stream,
-                    addr: r.addr,
+                    addr: if r.kind == RequestKind::Acquire && held_before(trace, r) {
+                        1
+                    } else {
+                        r.addr
+                    },
                     size: r.bytes,
                     ns: r.ns,
                     stack: r.stack,
@@ -499,6 +506,13 @@ fn devices(trace: &Trace, named: &Path, capacity: Option<u64>) -> Vec<Device> {
 }
 
 /// The `device_free` marks of out-of-memory events, in time order: (device, free bytes).
+/// Whether an acquisition is a segment a snapshot held from before its trace began.
+fn held_before(trace: &Trace, r: &MemRequest) -> bool {
+    r.stack != 0
+        && request_line(trace, r.stack)
+            .is_some_and(|l| l.ends_with(poolsight_import::events::HELD_BEFORE))
+}
+
 fn device_free_marks(trace: &Trace) -> Vec<(u32, u64)> {
     let mut marks: Vec<(u64, u32, u64)> = trace
         .chunks
