@@ -240,7 +240,7 @@ impl Events {
                             format!("cuda:{id}")
                         },
                         capacity: 0,
-                        // Sizes are PyTorch's own, already rounded by its allocator.
+                        // Sizes are the file's own (a snapshot's: the bytes asked for).
                         allocation_unit: 1,
                         kind: if cpu {
                             DeviceKind::Cpu

@@ -5,7 +5,7 @@ use std::io::Write;
 use clap::Args;
 use poolsight::analyzer::read::Trace;
 use poolsight::analyzer::replay::{oom_states, CategoryPass};
-use poolsight::analyzer::tables::oom::{render_table, Ooms};
+use poolsight::analyzer::tables::oom::{device_name, render_table, Ooms};
 use poolsight::analyzer::ReplayOptions;
 
 use super::args::{Format, Input};
@@ -32,15 +32,9 @@ pub fn ooms_of(traces: &[Trace]) -> Ooms {
     Ooms { ooms }
 }
 
-/// A device's name in a trace (`cuda:0`), or `device N`.
+/// A device's name in the traces (`cuda:0`), or `device N`.
 pub fn device_namer(traces: &[Trace]) -> impl Fn(u32) -> String + '_ {
-    move |id| {
-        traces
-            .iter()
-            .flat_map(|t| &t.defs.devices)
-            .find(|d| d.id == id && !d.name.is_empty())
-            .map_or_else(|| format!("device {id}"), |d| d.name.clone())
-    }
+    move |id| device_name(traces, id)
 }
 
 pub fn oom(args: OomArgs, out: &mut impl Write) -> anyhow::Result<()> {

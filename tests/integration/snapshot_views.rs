@@ -306,3 +306,27 @@ fn report_opens_with_what_was_live_at_the_peak() {
         .sum();
     assert_eq!(sum, j["peak"]["peak_used_bytes"].as_u64().unwrap());
 }
+
+#[test]
+fn the_html_page_of_a_snapshot_explains_its_out_of_memory() {
+    let dir = crate::support::scratch::dir();
+    let page = dir.join("oom.html");
+    let s = fixture("snapshot_notebook_oom.pickle")
+        .display()
+        .to_string();
+    ok(cli(&["html", "-o", page.to_str().unwrap(), &s]));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("id=\"oom-section\""), "the section");
+    // The explanation travels in the data island, as `poolsight oom` prints it.
+    assert!(
+        html.contains("\"oom\":\"out of memory on cuda:0, stream 0"),
+        "no oom text"
+    );
+    assert!(html.contains("expandable_segments:True"));
+    // A run without an out-of-memory has none.
+    let quiet = dir.join("step.html");
+    ok(cli(&["html", "-o", quiet.to_str().unwrap(), &step()]));
+    assert!(!std::fs::read_to_string(&quiet)
+        .unwrap()
+        .contains("\"oom\":"));
+}

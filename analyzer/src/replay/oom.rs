@@ -7,10 +7,11 @@
 //! A segment's free blocks are the gaps between its live blocks (the caching allocator merges
 //! free neighbours, so each gap is one free block); a gap in a segment that also holds live
 //! blocks is an inactive split block. A segment of 2 MiB is the small pool's (PyTorch's
-//! `kSmallBuffer`: requests up to 1 MiB), any other the large pool's. Blocks a snapshot holds
-//! from the start count at their `requested_size` rounded up to 512 B (the allocator's unit;
-//! their block size is not in the trace), so a block the allocator left unsplit can look up
-//! to 1 MiB smaller than it is.
+//! `kSmallBuffer`: requests up to 1 MiB), any other the large pool's. A snapshot's blocks count
+//! at the size the program asked for (its `alloc` entries record the request; a block held
+//! from the start, its `requested_size`) rounded up to 512 B, the allocator's unit: the block
+//! size is not in the trace, so a block the allocator left unsplit can look up to 1 MiB
+//! smaller than it is.
 
 use std::collections::{BTreeMap, HashMap};
 

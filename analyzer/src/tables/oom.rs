@@ -5,7 +5,17 @@
 use serde::Serialize;
 
 use super::render::{aligned, humanized};
+use crate::read::Trace;
 use crate::replay::{OomState, PoolState};
+
+/// A device's name in `traces` (`cuda:0`), or `device N`.
+pub fn device_name(traces: &[Trace], id: u32) -> String {
+    traces
+        .iter()
+        .flat_map(|t| &t.defs.devices)
+        .find(|d| d.id == id && !d.name.is_empty())
+        .map_or_else(|| format!("device {id}"), |d| d.name.clone())
+}
 
 /// The `oom` command's result: the states of every trace, in order.
 #[derive(Debug, Clone, Default, Serialize)]

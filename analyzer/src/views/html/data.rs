@@ -36,6 +36,10 @@ pub struct ReportData {
     /// Every trace observes an allocator from outside (no pool of poolsight's): the page then
     /// speaks of allocated bytes, not of a pool.
     pub observed: bool,
+    /// Why the run ran out of memory, as `poolsight oom` prints it, when a trace holds an
+    /// out-of-memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom: Option<String>,
 }
 
 /// One trace's timeline.
@@ -166,6 +170,7 @@ pub fn report(title: &str, parts: &[Part], merged: &Profile) -> ReportData {
         views,
         diff: None,
         observed: merged.memory().observed,
+        oom: None,
     }
 }
 
@@ -185,6 +190,7 @@ pub fn diff(title: &str, base: &Part, new: &Part) -> ReportData {
         views,
         diff: Some(diff),
         observed: base.profile.memory().observed && new.profile.memory().observed,
+        oom: None,
     }
 }
 

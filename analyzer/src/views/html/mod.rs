@@ -61,7 +61,26 @@ pub fn report_page(title: &str, traces: &[Trace], profiles: &[Profile]) -> Strin
         })
         .collect();
     let merged = Profile::merge(profiles.to_vec());
-    render(&report(title, &parts, &merged))
+    let mut data = report(title, &parts, &merged);
+    data.oom = oom_text(traces, profiles);
+    render(&data)
+}
+
+/// `poolsight oom`'s text for the traces that hold an out-of-memory, if any does.
+fn oom_text(traces: &[Trace], profiles: &[Profile]) -> Option<String> {
+    let ooms: Vec<_> = traces
+        .iter()
+        .zip(profiles)
+        .filter(|(_, p)| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
+        .flat_map(|(t, _)| crate::replay::oom_states(t))
+        .collect();
+    if ooms.is_empty() {
+        return None;
+    }
+    Some(crate::tables::oom::render_table(
+        &crate::tables::oom::Ooms { ooms },
+        |id| crate::tables::oom::device_name(traces, id),
+    ))
 }
 
 /// The page comparing a base run with a new one, each an opened trace and its replay.

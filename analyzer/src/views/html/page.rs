@@ -52,6 +52,13 @@ acquired as a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is
 <div id="timelines"></div>
 <div id="legend" class="legend"></div>
 </section>
+<section id="oom-section" hidden>
+<h2>Why it ran out of memory</h2>
+<p class="help">The allocator at the out-of-memory: what was asked, what was reserved and
+free, the largest free block of each pool and stream, what was live, and which setting would
+help (the text of <code>poolsight oom</code>).</p>
+<pre id="oom-text" class="oom"></pre>
+</section>
 <section id="live-section">
 <h2 id="live-title">Live at an instant</h2>
 <p class="help">Click the timeline (or "Go to peak"): the bytes live at that instant, by the
@@ -122,6 +129,7 @@ mod tests {
             views: Vec::new(),
             diff: None,
             observed: false,
+            oom: Some(hostile.to_string()),
         };
         let page = render(&data);
         assert!(!page.contains("<img"), "no markup from the data");

@@ -12,7 +12,7 @@
   // PyTorch's memory categories keep their color in every view.
   const CATEGORY_COLORS = { parameter: "#4e79a7", buffer: "#9c755f", input: "#76b7b2",
     activation: "#f28e2b", temporary: "#edc948", gradient: "#e15759", optimizer_state: "#59a14f",
-    "(unlabelled)": "#bab0ac" };
+    "(unlabelled)": "#bab0ac", "before recording": "#d3d3d3" };
   // What the timeline can be stacked by, in the order the control offers them.
   const STACKINGS = ["category", "module", "stack"];
   const OTHER_LABEL = { stack: "other stacks", category: "other categories", module: "other modules" };
@@ -835,6 +835,10 @@
       clearTimeout(resize);
       resize = setTimeout(() => { drawTimelines(); if (mainFlame) mainFlame.draw(); }, 100);
     });
+    if (data.oom) {
+      $("oom-text").textContent = data.oom;
+      $("oom-section").hidden = false;
+    }
     renderView();
     window.poolsight = { data, state, selectInstant, goToPeak, setStackBy, timelines: () => state.timelines,
       charts: () => state.charts };
