@@ -50,4 +50,4 @@ def test_functions_csv_has_the_json_rows():
 def test_report_csv_without_a_table_says_how_to_choose():
     proc = run_cli("report", "--format", "csv", *RANKS, check=False)
     assert proc.returncode == 2
-    assert "--table summary|functions|lines|timers|epochs" in proc.stderr
+    assert "--table summary|peak|functions|lines|timers|epochs" in proc.stderr

@@ -48,9 +48,10 @@ def info(path: Path, *extra: str) -> dict:
 
 def exported(path: Path, tmp: Path) -> tuple:
     """poolsight's JSON Lines export of a file: its stacks by id, and its other records in
-    the order written."""
+    the order written. Its stacks are the frames PyTorch's own functions show
+    (``--frames viewer``; the default, ``user``, reads them as the user's model)."""
     out = tmp / "events.jsonl"
-    r = cli("export", "--format", "json", "-o", str(out), str(path))
+    r = cli("--frames", "viewer", "export", "--format", "json", "-o", str(out), str(path))
     assert r.returncode == 0, r.stderr
     stacks, events = {}, []
     for line in out.read_text().splitlines():
