@@ -304,38 +304,79 @@ fn is_python_backward(file: &str, name: &str) -> bool {
 /// libc, the dispatcher, PyTorch's call plumbing (`_call_impl`, `_wrapped_call_impl`) — is
 /// dropped. Two different user lines stay two frames, so no two lines ever merge.
 pub fn user_view(frames: &[(&str, &str, u32)], prefix: &str) -> Vec<UserFrame> {
+    let roles: Vec<FrameRole> = frames
+        .iter()
+        .map(|&(name, file, line)| classify(name, file, line, prefix))
+        .collect();
+    assemble(&roles)
+}
+
+/// What one frame is to the [`user_view`] of any stack it is in: judged once per distinct
+/// frame ([`classify`]), then a stack is its frames' roles put together ([`assemble`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameRole {
+    /// Shown: the user's own frame or a module's `forward`, its path shortened.
+    Keep(UserFrame),
+    /// An ATen operator (`aten::addmm`).
+    Op(String),
+    /// An autograd node (`MmBackward0`): the stack runs in the backward pass.
+    Node(String),
+    /// Not shown, but says the stack runs in the backward pass (the engine's frames,
+    /// `torch.autograd.backward`).
+    Backward,
+    /// Not shown.
+    Drop,
+}
+
+/// The role of the frame `name` in `file` at `line` ([`FrameRole`]; `prefix` as for
+/// [`user_view`]).
+pub fn classify(name: &str, file: &str, line: u32, prefix: &str) -> FrameRole {
+    if is_python(file) {
+        if is_python_backward(file, name) {
+            return FrameRole::Backward;
+        }
+        let module_forward = name == "forward" && !file.contains("/torch/nn/parallel/");
+        if is_user_file(file) || module_forward {
+            return FrameRole::Keep(UserFrame {
+                file: short_path(file, prefix).to_owned(),
+                line,
+                name: name.to_owned(),
+                op_backward: None,
+            });
+        }
+        return FrameRole::Drop;
+    }
+    // A C++ frame, or one whose file is unknown.
+    if let Some(n) = autograd_node(name) {
+        return FrameRole::Node(n.to_owned());
+    }
+    if let Some(o) = aten_op(name) {
+        return FrameRole::Op(o);
+    }
+    if is_engine(name) {
+        return FrameRole::Backward;
+    }
+    FrameRole::Drop
+}
+
+/// The user view of a stack from its frames' roles, outermost first (see [`user_view`]).
+pub fn assemble<'a>(roles: impl IntoIterator<Item = &'a FrameRole>) -> Vec<UserFrame> {
     let mut out: Vec<UserFrame> = Vec::new();
-    let mut op: Option<String> = None;
+    let mut op: Option<&str> = None;
     let mut node: Option<&str> = None;
     let mut backward = false;
-    for &(name, file, line) in frames {
-        if is_python(file) {
-            if is_python_backward(file, name) {
+    for role in roles {
+        match role {
+            FrameRole::Keep(f) => out.push(f.clone()),
+            FrameRole::Backward => backward = true,
+            FrameRole::Node(n) => {
                 backward = true;
+                node = Some(n);
+                op = None;
             }
-            let module_forward = name == "forward" && !file.contains("/torch/nn/parallel/");
-            if is_user_file(file) || module_forward {
-                out.push(UserFrame {
-                    file: short_path(file, prefix).to_owned(),
-                    line,
-                    name: name.to_owned(),
-                    op_backward: None,
-                });
-            }
-            continue;
-        }
-        // A C++ frame, or one whose file is unknown.
-        if is_engine(name) {
-            backward = true;
-        }
-        if let Some(n) = autograd_node(name) {
-            backward = true;
-            node = Some(n);
-            op = None;
-        }
-        if let Some(o) = aten_op(name) {
             // The innermost operator is the one that allocated.
-            op = Some(o);
+            FrameRole::Op(o) => op = Some(o),
+            FrameRole::Drop => {}
         }
     }
     if let Some(n) = node {
@@ -350,7 +391,7 @@ pub fn user_view(frames: &[(&str, &str, u32)], prefix: &str) -> Vec<UserFrame> {
         out.push(UserFrame {
             file: String::new(),
             line: 0,
-            name: o,
+            name: o.to_owned(),
             op_backward: Some(backward),
         });
     }

@@ -983,6 +983,8 @@ struct Stacks {
     filter: FrameFilter,
     /// The common directory of the user's files ([`crate::frames::common_dir`]), for `user`.
     prefix: String,
+    /// Per frame of [`Tables::frames`], its role in the `user` view, once judged.
+    roles: Vec<Option<crate::frames::FrameRole>>,
     /// Per frame of [`Tables::frames`]: not seen yet (`None`), dropped by the filter
     /// (`Some(NONE)`), or its id in [`Events`].
     frames: Vec<Option<u32>>,
@@ -1006,6 +1008,7 @@ impl Stacks {
         Stacks {
             filter,
             prefix,
+            roles: Vec::new(),
             frames: Vec::new(),
             by_list: FxHashMap::default(),
             ids: Vec::new(),
@@ -1035,9 +1038,22 @@ impl Stacks {
         // PyTorch stores a stack innermost first.
         let list = t.lists.get(frames as usize).map_or(&[][..], |l| &l[..]);
         if self.filter == FrameFilter::User {
-            let raw: Vec<(&str, &str, u32)> =
-                list.iter().rev().map(|&f| raw_frame(t, s, f)).collect();
-            for f in crate::frames::user_view(&raw, &self.prefix) {
+            // Each distinct frame is judged once, each stack put together from the judgements.
+            for &f in list {
+                let i = f as usize;
+                if self.roles.len() <= i {
+                    self.roles.resize(i + 1, None);
+                }
+                if self.roles[i].is_none() {
+                    let (name, file, line) = raw_frame(t, s, f);
+                    self.roles[i] = Some(crate::frames::classify(name, file, line, &self.prefix));
+                }
+            }
+            let roles = list
+                .iter()
+                .rev()
+                .filter_map(|&f| self.roles[f as usize].as_ref());
+            for f in crate::frames::assemble(roles) {
                 let frame = match f.op_backward {
                     None => Frame {
                         kind: FrameKind::Foreign,
