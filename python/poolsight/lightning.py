@@ -11,8 +11,6 @@ call is a link scope and every operator a function scope; each training epoch be
 
 from __future__ import annotations
 
-import contextlib
-import sys
 from typing import Any
 
 try:
@@ -21,7 +19,8 @@ except ImportError:  # the older package name
     from pytorch_lightning.callbacks import Callback  # type: ignore[no-redef]
 
 from . import Recording, _observed
-from .torch import _hooked, _tracking, empty_cache, hook, memory_stats, track
+from ._training import TrainingRun
+from .torch import empty_cache, memory_stats
 
 __all__ = ["PoolsightCallback"]
 
@@ -61,13 +60,8 @@ class PoolsightCallback(Callback):
                 raise TypeError(f"{name} must be True or False, not {value!r}")
         self._recorder = recorder
         self._empty_cache = empty_cache
-        self._track = track
-        self._functions = functions
         self._rec: Recording | None = None
-        self._stack: contextlib.ExitStack | None = None
-        self._tracker: Any = None
-        self._fitting = False
-        self._yours = False
+        self._run = TrainingRun("PoolsightCallback", "this fit", "its epochs are", track, functions)
 
     def _empty(self, trainer: Any) -> None:
         if not self._empty_cache:
@@ -78,51 +72,10 @@ class PoolsightCallback(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._rec = rec = _observed(self._recorder, "poolsight.lightning.PoolsightCallback")
-        self._tracker = None
-        self._fitting = rec is not None and not rec.closed
-        # A track() of your own already records this recording's tensors: it is kept.
-        self._yours = self._fitting and _tracking(rec)
-        if not self._fitting:
-            return
-        stack = contextlib.ExitStack()
-        try:
-            if self._track and not self._yours:
-                optimizers = list(getattr(trainer, "optimizers", None) or [])
-                self._tracker = stack.enter_context(track(pl_module, optimizers, rec))
-            # As a hook() of your own on the module, if there is one.
-            if self._functions and not _hooked(rec, pl_module):
-                stack.enter_context(hook(pl_module, rec))
-        except Exception as e:  # never into training: say it, train unrecorded
-            stack.close()
-            self._tracker = None
-            print(f"poolsight: PoolsightCallback: not tracking this fit: {e}", file=sys.stderr)
-            return
-        self._stack = stack
+        self._run.start(rec, pl_module, list(getattr(trainer, "optimizers", None) or []))
 
     def _stop(self) -> None:
-        if not self._fitting:
-            return
-        self._fitting = False
-        stack, self._stack = self._stack, None
-        tracker, self._tracker = self._tracker, None
-        try:
-            if stack is not None:
-                stack.close()
-            pool = bool(memory_stats())
-        except Exception:
-            pool = False
-        if self._yours or pool or (tracker is not None and tracker.recorded):
-            return
-        why = (
-            "track=False and poolsight's pool is not PyTorch's allocator"
-            if not self._track
-            else "did training run in another process or thread?"
-        )
-        print(
-            f"poolsight: PoolsightCallback: this fit recorded no allocation ({why}); "
-            "only its epochs are in the trace",
-            file=sys.stderr,
-        )
+        self._run.stop()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._stop()

@@ -12,7 +12,6 @@ training step a ``step`` scope (``poolsight timers`` counts and times them).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 from typing import Any
@@ -21,7 +20,8 @@ import torch
 from transformers import TrainerCallback
 
 from . import Recording, Scope, _observed
-from .torch import _hooked, _tracking, empty_cache, hook, memory_stats, track
+from ._training import TrainingRun
+from .torch import empty_cache, memory_stats
 
 __all__ = ["PoolsightCallback"]
 
@@ -75,14 +75,11 @@ class PoolsightCallback(TrainerCallback):
                 raise TypeError(f"{name} must be True or False, not {value!r}")
         self._recorder = recorder
         self._empty_cache = empty_cache
-        self._track = track
-        self._functions = functions
         self._steps = steps
         self._rec: Recording | None = None
-        self._stack: contextlib.ExitStack | None = None
-        self._tracker: Any = None
-        self._training = False
-        self._yours = False
+        self._run = TrainingRun(
+            "PoolsightCallback", "this run", "its epochs and steps are", track, functions
+        )
         self._epoch: int | None = None
         self._step: Scope | None = None
 
@@ -96,57 +93,18 @@ class PoolsightCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop()  # a train() that raised left its tracking open
         self._rec = rec = _observed(self._recorder, _WHO)
-        self._tracker = None
         self._epoch = None
-        self._training = rec is not None and not rec.closed
-        # A track() of your own already records this recording's tensors: it is kept.
-        self._yours = self._training and _tracking(rec)
         model = kwargs.get("model")
-        if not self._training or not isinstance(model, torch.nn.Module):
-            return
-        stack = contextlib.ExitStack()
-        try:
-            if self._track and not self._yours:
-                opt = _optimizer(kwargs.get("optimizer"))
-                self._tracker = stack.enter_context(track(model, opt, rec))
-            # As a hook() of your own on the model, if there is one.
-            if self._functions and not _hooked(rec, model):
-                stack.enter_context(hook(model, rec))
-        except Exception as e:  # never into training: say it, train unrecorded
-            stack.close()
-            self._tracker = None
-            print(f"poolsight: PoolsightCallback: not tracking this run: {e}", file=sys.stderr)
-            return
-        self._stack = stack
+        if not isinstance(model, torch.nn.Module):
+            model = None
+        self._run.start(rec, model, _optimizer(kwargs.get("optimizer")))
 
     def _stop(self) -> None:
         self._end_step()
         rec = self._rec
         if rec is not None and not rec.closed and rec.open_epoch is not None:
             rec.epoch_end(rec.open_epoch)
-        if not self._training:
-            return
-        self._training = False
-        stack, self._stack = self._stack, None
-        tracker, self._tracker = self._tracker, None
-        try:
-            if stack is not None:
-                stack.close()
-            pool = bool(memory_stats())
-        except Exception:
-            pool = False
-        if self._yours or pool or (tracker is not None and tracker.recorded):
-            return
-        why = (
-            "track=False and poolsight's pool is not PyTorch's allocator"
-            if not self._track
-            else "did training run in another process or thread?"
-        )
-        print(
-            f"poolsight: PoolsightCallback: this run recorded no allocation ({why}); "
-            "only its epochs and steps are in the trace",
-            file=sys.stderr,
-        )
+        self._run.stop()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop()
@@ -174,7 +132,7 @@ class PoolsightCallback(TrainerCallback):
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rec = self._rec
-        if rec is None or not self._steps or not self._training:
+        if rec is None or not self._steps or not self._run.active:
             return
         self._end_step()
         step = rec.scope("step")

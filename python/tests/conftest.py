@@ -62,3 +62,22 @@ def skip_without(module: str, why: str):
 
 
 os.environ.setdefault("NO_COLOR", "1")
+
+
+@pytest.fixture(params=["native", "python"])
+def backend(request, monkeypatch):
+    """What ``track()`` and ``hook()`` pick by default in the test (``backend="auto"``): each
+    test that uses it runs with each backend (the native one skipped, saying why, where it
+    cannot be built)."""
+    import poolsight.torch as pst
+
+    if request.param == "native":
+        from poolsight import _native_observer
+
+        try:
+            _native_observer.load()
+        except _native_observer.Unavailable as e:
+            print(f"skipped: no native observer here ({e})", file=sys.stderr)
+            pytest.skip(f"no native observer here: {e}")
+    monkeypatch.setattr(pst, "_AUTO", request.param)
+    return request.param

@@ -13,20 +13,8 @@ from conftest import report_json  # noqa: E402
 import poolsight  # noqa: E402
 import poolsight.torch as pst  # noqa: E402
 
-
-@pytest.fixture(autouse=True, params=["native", "python"])
-def backend(request, monkeypatch):
-    """Every test with each backend of ``track()`` and ``hook()`` (what ``auto`` picks)."""
-    if request.param == "native":
-        from poolsight import _native_observer
-
-        try:
-            _native_observer.load()
-        except _native_observer.Unavailable as e:
-            print(f"skipped: no native observer here ({e})", file=sys.stderr)
-            pytest.skip(f"no native observer here: {e}")
-    monkeypatch.setattr(pst, "_AUTO", request.param)
-    return request.param
+# Every test with each backend of track() and hook() (conftest's `backend`).
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 class MLP(torch.nn.Module):

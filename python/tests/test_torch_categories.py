@@ -27,19 +27,8 @@ mem_tracker = pytest.importorskip(
 )
 
 
-@pytest.fixture(autouse=True, params=["native", "python"])
-def backend(request, monkeypatch):
-    """What ``track()`` and ``hook()`` pick by default in the test (``backend="auto"``)."""
-    if request.param == "native":
-        from poolsight import _native_observer
-
-        try:
-            _native_observer.load()
-        except _native_observer.Unavailable as e:
-            print(f"skipped: no native observer here ({e})", file=sys.stderr)
-            pytest.skip(f"no native observer here: {e}")
-    monkeypatch.setattr(pst, "_AUTO", request.param)
-    return request.param
+# Every test with each backend of track() and hook() (conftest's `backend`).
+pytestmark = pytest.mark.usefixtures("backend")
 
 
 class Net(nn.Module):
