@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::bound::{self, Elided};
 use super::names;
 use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Snapshot, Source};
 use crate::tables::categories::UNLABELLED;
@@ -104,6 +105,9 @@ pub struct ViewData {
     pub tree: TreeData,
     /// Every table of the list of tables, as each shows itself ([`crate::tables::Table::html`]).
     pub tables: Vec<HtmlTable>,
+    /// What the page left out of the tree and the tables ([`super::bound`]).
+    #[serde(skip_serializing_if = "Elided::is_empty")]
+    pub elided: Elided,
 }
 
 /// The two runs' trees merged by frame path: each node's own amounts on either side.
@@ -287,27 +291,40 @@ fn grouped(by: &'static str, points: &[Snapshot]) -> (Bands, Vec<u32>) {
 }
 
 fn view(frames: &mut Frames, name: &str, runs: Vec<usize>, p: &Profile) -> ViewData {
+    let mut elided = Elided::default();
+    // Bounded before its frames are named, so that the page names only the frames it shows.
+    let (mut tree, folded) = bound::tree(tree(&p.tree), bound::MAX_TREE_NODES);
+    for f in tree.frame.iter_mut().skip(1) {
+        *f = frames.of(&p.tree.nodes[*f as usize].frame);
+    }
+    elided.tree_nodes = folded;
+    let tables = Report::compute(p, &ReportOptions::default())
+        .tables()
+        .iter()
+        .flat_map(|t| t.html())
+        .map(|t| {
+            let (t, left) = bound::table(t, bound::MAX_TABLE_ROWS);
+            if left > 0 {
+                elided.table_rows.push((t.id, left));
+            }
+            t
+        })
+        .collect();
     ViewData {
         name: name.to_string(),
         runs,
-        tree: tree(frames, &p.tree),
-        tables: Report::compute(p, &ReportOptions::default())
-            .tables()
-            .iter()
-            .flat_map(|t| t.html())
-            .collect(),
+        tree,
+        tables,
+        elided,
     }
 }
 
-fn tree(frames: &mut Frames, t: &CallTree) -> TreeData {
+/// The tree's nodes, each `frame` its node's index in `t` (the root's `u32::MAX`).
+fn tree(t: &CallTree) -> TreeData {
     let mut d = TreeData::default();
     for (i, n) in t.nodes.iter().enumerate() {
         d.parent.push(n.parent as u32);
-        d.frame.push(if i == 0 {
-            u32::MAX
-        } else {
-            frames.of(&n.frame)
-        });
+        d.frame.push(if i == 0 { u32::MAX } else { i as u32 });
         push_amounts(&mut d, t, i);
     }
     d

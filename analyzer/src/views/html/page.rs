@@ -8,7 +8,20 @@ use std::fmt::Write as _;
 use super::ReportData;
 
 const STYLE: &str = include_str!("assets/report.css");
-const SCRIPT: &str = include_str!("assets/report.js");
+/// The page's script: the parts in `assets/js/`, one job each, in this order inside one
+/// function (they share its scope: `base.js` defines what the others use, `page.js` starts).
+/// Strings from the trace only ever enter the document as text (textContent, canvas
+/// fillText), never as markup.
+const SCRIPT: &str = concat!(
+    "\"use strict\";\n(function () {\n",
+    include_str!("assets/js/base.js"),
+    include_str!("assets/js/timeline.js"),
+    include_str!("assets/js/flame.js"),
+    include_str!("assets/js/tables.js"),
+    include_str!("assets/js/categories.js"),
+    include_str!("assets/js/page.js"),
+    "})();\n"
+);
 
 /// The HTML page of a report.
 pub fn render(data: &ReportData) -> String {
@@ -88,6 +101,7 @@ the peak: the figures of <code>poolsight categories</code>.</p>
 <span id="search-result"></span>
 <button id="flame-reset">Reset zoom</button>
 </div>
+<p id="flame-note" class="help" hidden></p>
 <div id="flame" class="flame"></div>
 </section>
 <section id="tables-section">
