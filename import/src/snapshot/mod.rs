@@ -22,11 +22,12 @@
 //! five million dicts of a large one.
 //!
 //! The parts: [`entries`] (what the reader makes of each dict and list), [`stacks`] (frames
-//! and stacks as poolsight's), [`ranges`] (`record_function` ranges), [`categories`] (the
-//! inferred categories); this file puts them together, device by device.
+//! and stacks as poolsight's), [`ranges`] (`record_function` ranges), [`phases`] (phases
+//! inferred from stacks where there are none), [`categories`] (the inferred categories); this file puts them together, device by device.
 
 mod categories;
 mod entries;
+mod phases;
 mod ranges;
 mod stacks;
 
@@ -34,6 +35,7 @@ use rustc_hash::FxHashMap;
 
 use categories::{infer_categories, initial_label};
 use entries::{block_extra, kind_name, Action, Entry, Made, Tables, KNOWN, NONE};
+use phases::Inferred;
 use ranges::{read_annotations, Phases};
 use stacks::{held_before_stack, Label, Stacks, StreamIds};
 
@@ -227,12 +229,18 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             Vec::new()
         };
         phases.rewind();
+        let mut inferred_phases = phases
+            .is_empty()
+            .then(|| Inferred::new(entries, &times, &t, s, &mut ev));
         let mut allocs = 0usize;
         for (i, e) in entries.iter().enumerate() {
             let Ok(action) = e.action else { continue };
             let time_ns = times[i];
             let stream = streams.id(e.stream);
-            let prefix = phases.at(time_ns);
+            let (prefix, phase) = match inferred_phases.as_mut() {
+                Some(p) if action == Action::Alloc => (&[][..], p.phase(allocs)),
+                _ => (phases.at(time_ns), NONE),
+            };
             match action {
                 Action::Alloc => {
                     live.insert(e.addr, ());
@@ -241,7 +249,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                         None => Label::of(e.category),
                     };
                     allocs += 1;
-                    let stack = stacks.get(&mut ev, &t, s, e.frames, label, false, prefix);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, label, false, prefix, phase);
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Malloc, device, stream, e.addr, e.size, stack),
@@ -268,7 +276,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                             true => Label::Inferred(infer::BEFORE_RECORDING),
                             false => Label::of(e.category),
                         };
-                        let stack = stacks.get(&mut ev, &t, s, e.frames, label, true, &[]);
+                        let stack = stacks.get(&mut ev, &t, s, e.frames, label, true, &[], NONE);
                         ev.push_initial(Ev::mem(
                             EvKind::Malloc,
                             device,
@@ -300,7 +308,8 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                     );
                 }
                 Action::Oom => {
-                    let stack = stacks.get(&mut ev, &t, s, e.frames, Label::None, false, prefix);
+                    let stack =
+                        stacks.get(&mut ev, &t, s, e.frames, Label::None, false, prefix, NONE);
                     ev.push(
                         time_ns,
                         Ev::oom(device, stream, e.size, e.device_free, stack),
@@ -317,7 +326,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         for &(d, addr, requested, frames, stream) in &live_blocks {
             if d == device && !live.contains_key(&addr) {
                 let label = initial_label(infer, &t, s, frames);
-                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
+                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[], NONE);
                 let stream = streams.id(stream);
                 ev.push_initial(Ev::mem(
                     EvKind::Malloc,
@@ -358,13 +367,16 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             ));
         }
         phases.finish(&mut ev, time_ns);
+        if let Some(p) = inferred_phases {
+            p.finish(&mut ev);
+        }
         ev.end = ev.end.max(time_ns);
     }
     // Devices that only the segments name.
     for &(d, addr, requested, frames, stream) in &live_blocks {
         if d as usize >= devices.len() {
             let label = initial_label(infer, &t, s, frames);
-            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
+            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[], NONE);
             let stream = streams.id(stream);
             ev.push_initial(Ev::mem(EvKind::Malloc, d, stream, addr, requested, stack));
         }

@@ -98,7 +98,7 @@ impl Phases {
             let frame = ev.frame(Frame {
                 kind: FrameKind::Function,
                 phase: Phase::None,
-                file: String::new(),
+                file: poolsight_schema::RANGE_FILE.to_owned(),
                 line: 0,
                 name: r.name.clone(),
             });
@@ -118,6 +118,11 @@ impl Phases {
             open: Vec::new(),
             prefix: Vec::new(),
         }
+    }
+
+    /// Whether no range is open at any time (then phases are inferred: [`super::phases`]).
+    pub(super) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
     }
 
     /// Back to the first entry, for a second pass.

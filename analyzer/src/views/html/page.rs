@@ -19,6 +19,7 @@ const SCRIPT: &str = concat!(
     include_str!("assets/js/flame.js"),
     include_str!("assets/js/tables.js"),
     include_str!("assets/js/categories.js"),
+    include_str!("assets/js/phases.js"),
     include_str!("assets/js/page.js"),
     "})();\n"
 );
@@ -92,6 +93,16 @@ the peak: the figures of <code>poolsight categories</code>.</p>
 <h3>Over time</h3>
 <div id="category-charts"></div>
 <div id="category-tables"></div>
+</section>
+<section id="phases-section" hidden>
+<h2>Memory by phase</h2>
+<p class="help">What each phase of the run allocated that was still live at the peak of live
+bytes, by category: the phase split of <code>poolsight categories</code>. Stack the timeline
+by phase to see them over time.</p>
+<p id="phase-note" class="help"></p>
+<h3>At the peak</h3>
+<div id="phase-peak"></div>
+<div id="phase-tables"></div>
 </section>
 <section id="flame-section">
 <h2 id="flame-title">Flamegraph</h2>

@@ -10,9 +10,14 @@ const CATEGORY_COLORS = { parameter: "#4e79a7", buffer: "#9c755f", input: "#76b7
   activation: "#f28e2b", temporary: "#edc948", gradient: "#e15759", optimizer_state: "#59a14f",
   "(unlabelled)": "#bab0ac", "before recording": "#d3d3d3" };
 // What the timeline can be stacked by, in the order the control offers them.
-const STACKINGS = ["category", "module", "stack"];
-const OTHER_LABEL = { stack: "other stacks", category: "other categories", module: "other modules" };
-// Tables the category section shows instead of the tables section.
+const STACKINGS = ["category", "phase", "module", "stack"];
+const OTHER_LABEL = { stack: "other stacks", category: "other categories", module: "other modules",
+  phase: "other stacks (not kept: phase unknown)" };
+// Phases that keep their color in every view.
+const PHASE_COLORS = { forward: "#4e79a7", backward: "#e15759", "optimizer step": "#59a14f",
+  "(no phase)": "#bab0ac" };
+// Tables the category section shows instead of the tables section (the phase section shows
+// "phases-table").
 const CATEGORY_TABLES = ["categories-table", "modules-table"];
 const RUN_COLORS = ["#1f77b4", "#d62728"];
 const ROW = 18;
@@ -61,7 +66,8 @@ function fmtCount(n) { return String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ","); }
 function fmtMetric(metric, v) { return metric === "time" ? fmtNs(v) : fmtBytes(v); }
 
 function view() { return data.views[state.view]; }
-// A run's bands split one way ("stack", "category", "module"); by stack when it has no other.
+// A run's bands split one way ("stack", "category", "phase", "module"); by stack when it has
+// no other.
 function bandsBy(run, by) { return run.bands.find((b) => b.by === by) || run.bands[0]; }
 function shownBands(run) { return bandsBy(run, state.stackBy); }
 function groupPath(bs, g) { return bs.paths[g].map((f) => frames[f]); }
@@ -69,6 +75,7 @@ function groupPath(bs, g) { return bs.paths[g].map((f) => frames[f]); }
 function bandColor(bs, j) {
   const name = bs.names[bs.top[j]];
   if (bs.by === "category" && CATEGORY_COLORS[name]) return CATEGORY_COLORS[name];
+  if (bs.by === "phase" && PHASE_COLORS[name]) return PHASE_COLORS[name];
   return BAND_COLORS[j % BAND_COLORS.length];
 }
 function categoryColor(run, name) {

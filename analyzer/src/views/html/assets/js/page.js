@@ -10,6 +10,7 @@ function renderView() {
   renderSummary();
   renderStackBy();
   renderCategories();
+  renderPhases();
   renderTimelines();
   renderFlame();
   renderTables();

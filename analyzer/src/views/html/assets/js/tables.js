@@ -65,8 +65,9 @@ function renderTable(holder, t) {
 function renderTables() {
   const holder = $("tables");
   holder.textContent = "";
-  const inSection = !$("categories-section").hidden;
+  const inSection = (id) => (id === "phases-table" ? !$("phases-section").hidden
+    : !$("categories-section").hidden && CATEGORY_TABLES.includes(id));
   for (const t of view().tables) {
-    if (!(inSection && CATEGORY_TABLES.includes(t.id))) renderTable(holder, t);
+    if (!inSection(t.id)) renderTable(holder, t);
   }
 }
