@@ -406,12 +406,19 @@ fn phases_are_inferred_from_the_stacks_where_the_file_records_none() {
     assert_eq!(sum, j["peak_used_bytes"].as_u64().unwrap());
     let text = ok(cli(&["categories", &s])).stdout;
     assert!(text.contains("phases inferred from stacks"), "{text}");
-    // The user's lines keep their tree; the phase comes with the category, innermost.
+    // Each phase is the root of the lines its allocations came from, as a range is.
     let lines = ok(cli(&["lines", &s])).stdout;
     assert!(
-        lines.contains("      :0:aten::relu (16.00MB, 0.00B)\n              inferred:0:forward (16.00MB, 0.00B)\n                inferred:0:activation"),
+        lines
+            .contains("\n  inferred:0:forward (36.00MB, 0.00B)\n    train.py:90:<module> (36.00MB"),
         "{lines}"
     );
+    for phase in ["backward", "optimizer step"] {
+        assert!(
+            lines.contains(&format!("\n  inferred:0:{phase} (")),
+            "{lines}"
+        );
+    }
 }
 
 #[test]

@@ -237,9 +237,9 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             let Ok(action) = e.action else { continue };
             let time_ns = times[i];
             let stream = streams.id(e.stream);
-            let (prefix, phase) = match inferred_phases.as_mut() {
-                Some(p) if action == Action::Alloc => (&[][..], p.phase(allocs)),
-                _ => (phases.at(time_ns), NONE),
+            let prefix = match inferred_phases.as_mut() {
+                Some(p) if action == Action::Alloc => p.prefix(allocs),
+                _ => phases.at(time_ns),
             };
             match action {
                 Action::Alloc => {
@@ -249,7 +249,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                         None => Label::of(e.category),
                     };
                     allocs += 1;
-                    let stack = stacks.get(&mut ev, &t, s, e.frames, label, false, prefix, phase);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, label, false, prefix);
                     ev.push(
                         time_ns,
                         Ev::mem(EvKind::Malloc, device, stream, e.addr, e.size, stack),
@@ -276,7 +276,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                             true => Label::Inferred(infer::BEFORE_RECORDING),
                             false => Label::of(e.category),
                         };
-                        let stack = stacks.get(&mut ev, &t, s, e.frames, label, true, &[], NONE);
+                        let stack = stacks.get(&mut ev, &t, s, e.frames, label, true, &[]);
                         ev.push_initial(Ev::mem(
                             EvKind::Malloc,
                             device,
@@ -308,8 +308,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                     );
                 }
                 Action::Oom => {
-                    let stack =
-                        stacks.get(&mut ev, &t, s, e.frames, Label::None, false, prefix, NONE);
+                    let stack = stacks.get(&mut ev, &t, s, e.frames, Label::None, false, prefix);
                     ev.push(
                         time_ns,
                         Ev::oom(device, stream, e.size, e.device_free, stack),
@@ -326,7 +325,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         for &(d, addr, requested, frames, stream) in &live_blocks {
             if d == device && !live.contains_key(&addr) {
                 let label = initial_label(infer, &t, s, frames);
-                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[], NONE);
+                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
                 let stream = streams.id(stream);
                 ev.push_initial(Ev::mem(
                     EvKind::Malloc,
@@ -376,7 +375,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     for &(d, addr, requested, frames, stream) in &live_blocks {
         if d as usize >= devices.len() {
             let label = initial_label(infer, &t, s, frames);
-            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[], NONE);
+            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
             let stream = streams.id(stream);
             ev.push_initial(Ev::mem(EvKind::Malloc, d, stream, addr, requested, stack));
         }

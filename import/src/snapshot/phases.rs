@@ -16,13 +16,14 @@
 //!
 //! A stretch runs from its first allocation to its last: each is a function scope named
 //! `forward`, `backward` or `optimizer step` (so `functions` and `timers` count them), and the
-//! allocations in it carry its frame at the end of their stacks, just before their category,
-//! so that `lines` and the flamegraphs keep the user's lines as their tree and the phase reads
-//! as what the allocation was, as the category does. Allocations are placed by their order,
-//! not by their time (a clock of microseconds gives many allocations one time).
+//! allocations in it have its frame as the outermost of their stacks, as the ranges of a file
+//! that records them do (so `lines` and the flamegraphs split by phase first, and every report
+//! that reads a stack's innermost frames reads the same frames as before). Allocations are
+//! placed by their order, not by their time (a clock of microseconds gives many allocations
+//! one time).
 
 use super::categories::evidence;
-use super::entries::{Action, Entry, Made, Tables, NONE};
+use super::entries::{Action, Entry, Made, Tables};
 use crate::events::{Ev, Events, Stack};
 use crate::infer;
 use crate::pickle::Store;
@@ -131,15 +132,15 @@ impl Inferred {
         Inferred { spans, next: 0 }
     }
 
-    /// The phase frame of allocation `i` (allocations asked for in order): its stretch's, or
-    /// `NONE` between stretches.
-    pub(super) fn phase(&mut self, i: usize) -> u32 {
+    /// The prefix of the stack of allocation `i` (allocations asked for in order): its
+    /// stretch's frame, or none between stretches.
+    pub(super) fn prefix(&mut self, i: usize) -> &[u32] {
         while self.next < self.spans.len() && self.spans[self.next].1 < i {
             self.next += 1;
         }
         match self.spans.get(self.next) {
-            Some(span) if span.0 <= i => span.4,
-            _ => NONE,
+            Some(span) if span.0 <= i => std::slice::from_ref(&span.4),
+            _ => &[],
         }
     }
 

@@ -49,7 +49,7 @@ pub(super) struct Stacks {
     /// Per frame of [`Tables::frames`]: not seen yet (`None`), dropped by the filter
     /// (`Some(NONE)`), or its id in [`Events`].
     pub(super) frames: Vec<Option<u32>>,
-    pub(super) by_list: FxHashMap<(u32, Label, bool, Vec<u32>, u32), Stack>,
+    pub(super) by_list: FxHashMap<(u32, Label, bool, Vec<u32>), Stack>,
     pub(super) ids: Vec<u32>,
 }
 
@@ -86,9 +86,8 @@ impl Stacks {
         label: Label,
         before: bool,
         prefix: &[u32],
-        phase: u32,
     ) -> Stack {
-        let key = (frames, label, before, prefix.to_vec(), phase);
+        let key = (frames, label, before, prefix.to_vec());
         if let Some(&st) = self.by_list.get(&key) {
             return st;
         }
@@ -145,9 +144,6 @@ impl Stacks {
                     self.ids.push(id);
                 }
             }
-        }
-        if phase != NONE {
-            self.ids.push(phase);
         }
         match label {
             Label::None => {}
