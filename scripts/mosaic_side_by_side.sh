@@ -75,7 +75,7 @@ for f in "$@"; do
     printf '\n=== %s\n' "$f"
     if [ -n "$POOLSIGHT" ]; then
         section "poolsight report (its head: what was live at the peak)"
-        "$POOLSIGHT" report "$f" | sed '/FunctionName/,$d'
+        "$POOLSIGHT" report "$f" | awk '{ print } /^live at the peak/ { p = 1 } p && /^$/ { exit }'
         section "poolsight categories"
         "$POOLSIGHT" categories "$f"
         section "poolsight oom"

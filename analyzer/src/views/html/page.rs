@@ -58,7 +58,7 @@ const BODY: &str = r#"<header>
 <main>
 <section id="timeline-section">
 <h2>Active memory over time</h2>
-<p class="help">Live bytes stacked by memory category, by module or by the stack that
+<p class="help">Live bytes stacked by memory category, by phase, by module or by the stack that
 allocated them (each point is its time bucket's maximum, so the peak is exact), the bytes a pool
 acquired as a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is; click: what was live then.</p>
 <div class="toolbar"><button id="go-peak">Go to peak</button> <button id="zoom-reset">Reset zoom</button>

@@ -37,6 +37,19 @@ function renderPhases() {
     row.append(bar);
     holder.append(row);
   }
+  // The categories' key, in the colors of the category view.
+  const key = el("div", { class: "legend" });
+  const seen = new Set();
+  for (const c of table.rows.flatMap((p) => p.categories)) {
+    if (seen.has(c.category)) continue;
+    seen.add(c.category);
+    const sw = el("span", { class: "swatch" });
+    sw.style.background = categoryColor(peak, c.category);
+    const item = el("span");
+    item.append(sw, document.createTextNode(c.category));
+    key.append(item);
+  }
+  holder.append(key);
   holder.dataset.totalBytes = String(total);
   const tables = $("phase-tables");
   tables.textContent = "";
