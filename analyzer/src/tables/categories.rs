@@ -138,8 +138,9 @@ pub fn phase_of<'f>(path: impl DoubleEndedIterator<Item = &'f Frame>) -> Option<
 }
 
 /// Bytes live at the peak by phase and category, from the tree's bytes live at the peak (a
-/// replay that walked to it; several traces: each at its own peak, summed). Phases in order of
-/// first appearance in the tree, `(no phase)` last; empty when no stack has a phase.
+/// replay that walked to it; several traces: each at its own peak, summed). Inferred phases in
+/// a step's order, recorded ones in the tree's, `(no phase)` last; empty when no stack has a
+/// phase or the tree has no bytes live at the peak.
 pub fn phases(tree: &CallTree) -> Vec<PhaseRow> {
     let n = tree.nodes.len();
     // Per node: its phase (index into `rows`, 0 = none) and its category, inherited.
@@ -194,7 +195,8 @@ pub fn phases(tree: &CallTree) -> Vec<PhaseRow> {
             }),
         }
     }
-    if !any {
+    // No phase, or no bytes live at the peak in the tree (a replay that did not walk to it).
+    if !any || rows.iter().all(|r| r.at_peak_bytes == 0) {
         return Vec::new();
     }
     for r in &mut rows {
