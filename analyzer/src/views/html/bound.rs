@@ -42,8 +42,8 @@ impl Elided {
 
 /// `t` with at most `max` nodes (see the module documentation), and how many were folded.
 pub fn tree(t: TreeData, max: usize) -> (TreeData, usize) {
-    let n = t.parent.len();
-    if n <= max.max(1) {
+    let (n, max) = (t.parent.len(), max.max(1));
+    if n <= max {
         return (t, 0);
     }
     let metrics = [&t.used, &t.acquired, &t.peak, &t.time];
