@@ -58,6 +58,10 @@ pub const HEADER_CRC_MINOR: u16 = 1;
 /// The `file` of a `Label` frame whose category was inferred (from stacks, phases and
 /// lifetimes, by the importer of a file that has none) rather than recorded: readers say so.
 pub const INFERRED_LABEL: &str = "inferred";
+/// The `file` of a function frame that is a `record_function` range of an imported file (a
+/// snapshot's `external_annotations`): with the phases inferred from stacks (function frames
+/// whose file is [`INFERRED_LABEL`]), the phases reports split memory by.
+pub const RANGE_FILE: &str = "record_function";
 
 pub const PRELUDE_LEN: usize = 16;
 /// Bytes of the header checksum that ends the header region (format 1.1 and later).

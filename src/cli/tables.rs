@@ -177,6 +177,8 @@ pub fn categories(args: CategoriesArgs, out: &mut impl Write) -> anyhow::Result<
     let opts = poolsight::analyzer::ReplayOptions {
         categories: CategoryPass::Always,
         category_rules: args.rules.into(),
+        // The categories' walk passes the peak: what was live there (split by phase) is free.
+        live_at_peak: true,
         ..Default::default()
     };
     let v: Vec<(String, categories::Categories)> = super::load::profiles_with(&args.input, opts)?

@@ -210,6 +210,35 @@ test("the category section shows poolsight categories' figures, only for a trace
   await plain.page.close();
 });
 
+test("a snapshot without record_function ranges gets a phase view and a timeline by phase", async () => {
+  const snap = join(root, "fixtures", "pytorch", "snapshot_step_cpp_plain.pickle");
+  const want = JSON.parse(poolsight("categories", "--format", "json", snap)).phases;
+  const { page, errors } = await open(report([snap], "phases"));
+  assert.ok(await page.isVisible("#phases-section"));
+  assert.match(await page.textContent("#phase-note"), /inferred from the stacks/);
+  // One bar per phase, split by category with the bytes `poolsight categories` gives.
+  const rows = await page.$$eval("#phase-peak .phase-row", (rs) => rs.map((r) => ({
+    phase: r.dataset.phase,
+    parts: [...r.querySelectorAll(".bar span")].map((s) => [s.dataset.category, Number(s.dataset.bytes)]),
+  })));
+  assert.deepEqual(rows, want.map((p) => ({ phase: p.phase, parts: p.categories.map((c) => [c.category, c.at_peak_bytes]) })));
+  assert.ok(await page.isVisible("#phases-section #phases-table"), "the table sits in its section");
+  assert.ok(await page.isHidden("#tables #phases-table"));
+  // The timeline stacks by phase too; each point's bands still add up to its used bytes.
+  assert.ok((await page.$$eval("#stack-by button", (bs) => bs.map((b) => b.textContent))).includes("phase"));
+  await page.click("#stack-by button:text-is('phase')");
+  const legend = await page.$$eval("#legend > span", (ss) => ss.map((s) => s.textContent));
+  for (const p of ["forward", "backward", "optimizer step"]) assert.ok(legend.some((l) => l.startsWith(p)), legend.join(", "));
+  const sums = await page.evaluate(() => {
+    const run = window.poolsight.data.runs[0];
+    const bs = run.bands.find((b) => b.by === "phase");
+    return run.used.map((u, i) => [u, bs.live[i].filter((_, j) => j % 2 === 1).reduce((a, b) => a + b, 0) + bs.other[i]]);
+  });
+  for (const [used, sum] of sums) assert.equal(sum, used);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
 test("searching the flamegraph highlights matching frames; clicking zooms", async () => {
   const { page, errors } = await open(report([fixture("chainer_nested")], "chainer-search"));
   await page.click("#metrics button[data-metric=used]");

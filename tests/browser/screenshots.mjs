@@ -4,11 +4,14 @@
 //       fixtures/traces/torch/categories.pstrace): docs/html-categories{,-timeline}.png and
 //       docs/html-torch-flamegraph.png
 //   node tests/browser/screenshots.mjs big.html          # only prints the timings
+//   node tests/browser/screenshots.mjs snap.html docs/ NAME  # a snapshot's page: docs/NAME.png (its
+//       top), and when it has phases docs/NAME-phases.png (the timeline stacked by phase and the
+//       phase view)
 import { chromium } from "playwright-core";
 import { resolve, join } from "node:path";
 import { statSync } from "node:fs";
 
-const [file, outDir] = process.argv.slice(2);
+const [file, outDir, name] = process.argv.slice(2);
 const path = resolve(file);
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
@@ -23,7 +26,22 @@ const wall = Date.now() - t0;
 const ready = await page.evaluate(() => window.poolsightReadyMs);
 console.log(`${file}: ${statSync(path).size} bytes; interactive ${ready.toFixed(0)} ms after navigation start (${wall} ms wall from goto)`);
 const categories = await page.isVisible("#categories-section");
-if (outDir && categories) {
+if (outDir && name) {
+  await page.setViewportSize({ width: 1300, height: 1500 });
+  await page.waitForTimeout(300);
+  await page.screenshot({ path: join(outDir, name + ".png") });
+  if (await page.isVisible("#phases-section")) {
+    await page.click("#stack-by button:text-is('phase')");
+    await page.waitForTimeout(200);
+    const top = await page.locator("#timeline-section").boundingBox();
+    await page.locator("#phases-section").scrollIntoViewIfNeeded();
+    const phases = await page.locator("#phases-section").boundingBox();
+    await page.screenshot({ path: join(outDir, name + "-phases.png"), fullPage: true,
+      clip: { x: 0, y: top.y, width: 1300, height: top.height + 12 } });
+    await page.locator("#phases-section").screenshot({ path: join(outDir, name + "-phase-view.png") });
+    void phases;
+  }
+} else if (outDir && categories) {
   // The timeline stacked by category (the default for such a trace), hovering the largest
   // band at the peak; then the category section.
   const t = await page.evaluate(() => {

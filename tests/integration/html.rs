@@ -394,3 +394,60 @@ fn bands_have_names_of_their_own_that_lead_with_where_the_bytes_come_from() {
         .contains(&"(outside every module)".to_string()));
     assert_eq!(live.modules.last(), Some(&Vec::new()));
 }
+
+/// A run with more calling contexts than a screen can show: 3,000 functions each calling 3
+/// of their own, every one allocating.
+fn many_contexts(h: &Handle, pool: &MemoryPool) {
+    let mut kept = Vec::new();
+    for i in 0..3_000u64 {
+        let _f = h.function(&format!("f{i}"), Phase::Forward);
+        kept.push(pool.malloc(512 * (i % 17 + 1)).expect("malloc"));
+        for j in 0..3 {
+            let _g = h.function(&format!("g{i}_{j}"), Phase::Forward);
+            drop(pool.malloc(512).expect("malloc"));
+        }
+    }
+}
+
+#[test]
+fn a_page_carries_what_a_screen_can_show_and_says_what_it_left_out() {
+    use poolsight::analyzer::views::html::bound::{MAX_TABLE_ROWS, MAX_TREE_NODES};
+    let path = trace_path("contexts");
+    record_on_pool(&path, many_contexts);
+    let (d, profile, _) = page_data(&path);
+    let nodes = profile.tree.nodes.len();
+    assert!(nodes > 12_000, "{nodes}");
+    let view = &d.views[0];
+    let tree = &view.tree;
+    assert_eq!(tree.parent.len(), MAX_TREE_NODES);
+    assert_eq!(view.elided.tree_nodes, nodes - MAX_TREE_NODES);
+    // Every byte is still in the tree: the root's totals are exact.
+    let all: u64 = tree.used.iter().sum();
+    let want: u64 = profile.tree.nodes.iter().map(|n| n.agg.used_bytes).sum();
+    assert_eq!(all, want);
+    // Only the frames the tree and the bands show are named.
+    assert!(d.frames.len() < MAX_TREE_NODES + 200, "{}", d.frames.len());
+    let lines = view
+        .tables
+        .iter()
+        .find(|t| t.id == "lines-table")
+        .expect("lines");
+    assert_eq!(lines.rows.len(), MAX_TABLE_ROWS);
+    assert!(view
+        .elided
+        .table_rows
+        .contains(&("lines-table", nodes - MAX_TABLE_ROWS)));
+    // Its first row, the root, is kept, and the rows keep their order.
+    let order: Vec<u64> = lines
+        .rows
+        .iter()
+        .map(|r| r["order"].as_u64().unwrap())
+        .collect();
+    assert_eq!(order[0], 0);
+    assert!(order.windows(2).all(|w| w[0] < w[1]));
+    // The page says so, and stays small.
+    let (trace, profile) = replayed(&path);
+    let page = html::report_page("t", &[trace], &[profile]);
+    assert!(page.contains("\"elided\":{\"tree_nodes\":"));
+    assert!(page.len() < 3_000_000, "{}", page.len());
+}

@@ -330,3 +330,138 @@ fn the_html_page_of_a_snapshot_explains_its_out_of_memory() {
         .unwrap()
         .contains("\"oom\":"));
 }
+
+fn plain_step() -> String {
+    fixture("snapshot_step_cpp_plain.pickle")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn phases_are_inferred_from_the_stacks_where_the_file_records_none() {
+    let s = plain_step();
+    // Each stretch of forward, backward and optimizer step is a function call.
+    let j = ok(cli(&["functions", "--format", "json", &s])).json();
+    let names: Vec<(&str, u64)> = j["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap(),
+                r["occurrence"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("forward", 2), ("backward", 2), ("optimizer step", 2)]
+    );
+    // The categories split by phase: what each phase made that was live at the peak.
+    let j = ok(cli(&["categories", "--format", "json", &s])).json();
+    let phases = j["phases"].as_array().expect("phases");
+    let phase = |name: &str| {
+        phases
+            .iter()
+            .find(|p| p["phase"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {j}"))
+    };
+    let split = |name: &str| -> Vec<(String, u64)> {
+        phase(name)["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["category"].as_str().unwrap().to_string(),
+                    c["at_peak_bytes"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    const MIB: u64 = 1 << 20;
+    // make.py: relu's and the second layer's outputs live at the peak (8 MiB each: the
+    // second layer's freed by then), the backward's temporaries and the last layer's
+    // gradients, AdamW's two states per parameter made in the first step.
+    assert_eq!(split("forward"), [("activation".to_string(), 16 * MIB)]);
+    assert_eq!(
+        split("backward"),
+        [
+            ("temporary".to_string(), 16 * MIB),
+            ("gradient".to_string(), MIB + 1024)
+        ]
+    );
+    let params = (4 << 20) + 4096 + (1 << 20) + 1024;
+    assert_eq!(
+        split("optimizer step"),
+        [("optimizer_state".to_string(), 2 * params)]
+    );
+    assert!(phases
+        .iter()
+        .all(|p| p["inferred"] == true || p["phase"] == "(no phase)"));
+    let sum: u64 = phases
+        .iter()
+        .map(|p| p["at_peak_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sum, j["peak_used_bytes"].as_u64().unwrap());
+    let text = ok(cli(&["categories", &s])).stdout;
+    assert!(text.contains("phases inferred from stacks"), "{text}");
+    // Each phase is the root of the lines its allocations came from, as a range is.
+    let lines = ok(cli(&["lines", &s])).stdout;
+    assert!(
+        lines
+            .contains("\n  inferred:0:forward (36.00MB, 0.00B)\n    train.py:90:<module> (36.00MB"),
+        "{lines}"
+    );
+    for phase in ["backward", "optimizer step"] {
+        assert!(
+            lines.contains(&format!("\n  inferred:0:{phase} (")),
+            "{lines}"
+        );
+    }
+}
+
+#[test]
+fn a_file_with_record_function_ranges_keeps_them_as_its_phases() {
+    let j = ok(cli(&["categories", "--format", "json", &step()])).json();
+    let names: Vec<&str> = j["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "Optimizer.step#AdamW.step",
+            "Optimizer.zero_grad#AdamW.zero_grad",
+            "(no phase)"
+        ]
+    );
+    assert!(j["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["inferred"] == false));
+    let f = ok(cli(&["functions", "--format", "json", &step()])).json();
+    assert!(!f.to_string().contains("\"forward\""), "{f}");
+}
+
+#[test]
+fn the_html_page_of_a_snapshot_has_a_phase_view() {
+    let out = crate::support::scratch::file("p.html");
+    ok(cli(&["html", &plain_step(), "-o", out.to_str().unwrap()]));
+    let page = std::fs::read_to_string(&out).unwrap();
+    assert!(page.contains("id=\"phases-section\""));
+    assert!(page.contains("\"id\":\"phases-table\""), "the phase table");
+    let at = page
+        .find("\"by\":\"phase\"")
+        .expect("the timeline stacks by phase");
+    let names = &page[at..at + page[at..].find(']').unwrap()];
+    for want in ["forward", "backward", "optimizer step", "(no phase)"] {
+        assert!(
+            names.contains(&format!("\"{want}\"")),
+            "{want} not in {names}"
+        );
+    }
+}

@@ -157,7 +157,9 @@ fn diff_of_two_snapshots_gates_and_names_the_stacks() {
         .unwrap()
         .iter()
         .find(|r| {
-            r["key"] == "line:train.py:10:main;train.py:11:step;train.py:12:forward.live_at_peak"
+            // Under its phase, inferred from the stack (a module's forward).
+            r["key"]
+                == "line:inferred:0:forward;train.py:10:main;train.py:11:step;train.py:12:forward.live_at_peak"
         })
         .expect("the stack that grew at the peak");
     assert_eq!(row["delta"].as_i64().unwrap(), 2 * 18 * 1024);

@@ -53,6 +53,10 @@ pub struct Categories {
     pub inferred: bool,
     pub categories: Vec<CategoryRow>,
     pub modules: Vec<ModuleRow>,
+    /// Bytes live at the peak by phase, each split by category ([`phases`]); none when the
+    /// trace has no phases.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<PhaseRow>,
     /// Whether any trace's replay computed them (`report` leaves the table out otherwise).
     #[serde(skip)]
     pub computed: bool,
@@ -91,6 +95,131 @@ pub struct ModuleRow {
     pub backward_bytes: u64,
     /// Its bytes (its submodules' included) live at the trace's peak.
     pub live_at_peak_bytes: u64,
+}
+
+/// A phase of the run: a `record_function` range of an imported file, or a forward, backward
+/// or optimizer step inferred from the stacks of one without (docs/pytorch-files.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseRow {
+    /// The range's name, `forward`, `backward`, `optimizer step`, or `(no phase)` for what was
+    /// allocated outside every phase.
+    pub phase: String,
+    /// The phase was inferred from stacks, not recorded.
+    pub inferred: bool,
+    /// Bytes it allocated still live at the peak.
+    pub at_peak_bytes: u64,
+    /// Those bytes by category, largest first.
+    pub categories: Vec<PhaseCategory>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseCategory {
+    pub category: String,
+    pub at_peak_bytes: u64,
+}
+
+/// What allocations outside every phase are called.
+pub const NO_PHASE: &str = "(no phase)";
+
+/// The phase of an allocation's stack (outermost first): its innermost phase frame (a
+/// function frame whose file is [`poolsight_schema::RANGE_FILE`] or, inferred,
+/// [`poolsight_schema::INFERRED_LABEL`]), with whether it was inferred.
+pub fn phase_of<'f>(path: impl DoubleEndedIterator<Item = &'f Frame>) -> Option<(&'f str, bool)> {
+    path.rev().find_map(|f| {
+        if f.kind != FrameKind::Function {
+            return None;
+        }
+        match &*f.file {
+            poolsight_schema::RANGE_FILE => Some((&*f.name, false)),
+            poolsight_schema::INFERRED_LABEL => Some((&*f.name, true)),
+            _ => None,
+        }
+    })
+}
+
+/// Bytes live at the peak by phase and category, from the tree's bytes live at the peak (a
+/// replay that walked to it; several traces: each at its own peak, summed). Inferred phases in
+/// a step's order, recorded ones in the tree's, `(no phase)` last; empty when no stack has a
+/// phase or the tree has no bytes live at the peak.
+pub fn phases(tree: &CallTree) -> Vec<PhaseRow> {
+    let n = tree.nodes.len();
+    // Per node: its phase (index into `rows`, 0 = none) and its category, inherited.
+    let mut phase = vec![0usize; n];
+    let mut category: Vec<Option<&str>> = vec![None; n];
+    let mut rows: Vec<PhaseRow> = vec![PhaseRow {
+        phase: NO_PHASE.into(),
+        ..PhaseRow::default()
+    }];
+    let mut any = false;
+    for i in 1..n {
+        let node = &tree.nodes[i];
+        let parent = if node.parent < i { node.parent } else { 0 };
+        let f = &node.frame;
+        phase[i] = match phase_of(std::iter::once(f)) {
+            Some((name, inferred)) => {
+                any = true;
+                match rows
+                    .iter()
+                    .position(|r| r.phase == name && r.inferred == inferred)
+                {
+                    Some(k) => k,
+                    None => {
+                        rows.push(PhaseRow {
+                            phase: name.into(),
+                            inferred,
+                            ..PhaseRow::default()
+                        });
+                        rows.len() - 1
+                    }
+                }
+            }
+            None => phase[parent],
+        };
+        category[i] = if f.kind == FrameKind::Label {
+            Some(&*f.name)
+        } else {
+            category[parent]
+        };
+        let bytes = node.agg.live_at_peak_bytes;
+        if bytes == 0 {
+            continue;
+        }
+        let row = &mut rows[phase[i]];
+        row.at_peak_bytes = row.at_peak_bytes.saturating_add(bytes);
+        let name = category[i].unwrap_or(UNLABELLED);
+        match row.categories.iter_mut().find(|c| c.category == name) {
+            Some(c) => c.at_peak_bytes = c.at_peak_bytes.saturating_add(bytes),
+            None => row.categories.push(PhaseCategory {
+                category: name.into(),
+                at_peak_bytes: bytes,
+            }),
+        }
+    }
+    // No phase, or no bytes live at the peak in the tree (a replay that did not walk to it).
+    if !any || rows.iter().all(|r| r.at_peak_bytes == 0) {
+        return Vec::new();
+    }
+    for r in &mut rows {
+        r.categories.sort_by(|a, b| {
+            b.at_peak_bytes
+                .cmp(&a.at_peak_bytes)
+                .then(a.category.cmp(&b.category))
+        });
+    }
+    // Inferred phases in the order a step runs them, recorded ones as the tree met them;
+    // `(no phase)` last, and only when it holds bytes.
+    rows.rotate_left(1);
+    let step_order = |r: &PhaseRow| match (r.inferred, r.phase.as_str()) {
+        (true, "forward") => 0,
+        (true, "backward") => 1,
+        (true, _) => 2,
+        _ => 3,
+    };
+    let no_phase = rows.pop();
+    rows.sort_by_key(step_order);
+    rows.extend(no_phase);
+    rows.retain(|r| r.phase != NO_PHASE || r.at_peak_bytes > 0);
+    rows
 }
 
 impl Categories {
@@ -179,6 +308,7 @@ pub fn categories(p: &Profile) -> Categories {
         inferred: computed.iter().any(|(_, f)| f.inferred),
         categories: cats,
         modules: in_tree_order(modules),
+        phases: phases(&p.tree),
         computed: true,
     }
 }
@@ -321,6 +451,10 @@ pub fn render_table(t: &Categories) -> String {
         );
     }
     out.push('\n');
+    if !t.phases.is_empty() {
+        out.push_str(&render_phases(&t.phases));
+        out.push('\n');
+    }
     if t.modules.is_empty() {
         out.push_str("no module (link) scopes in this trace\n");
         return out;
@@ -349,6 +483,37 @@ pub fn render_table(t: &Categories) -> String {
         ]);
     }
     out.push_str(&table(&rows));
+    out
+}
+
+/// Phases as rows and their categories as columns (those live at the peak in any phase, in
+/// order of their bytes), `-` where a phase holds none of one.
+fn render_phases(phases: &[PhaseRow]) -> String {
+    let mut columns: Vec<(&str, u64)> = Vec::new();
+    for c in phases.iter().flat_map(|p| &p.categories) {
+        match columns.iter_mut().find(|(n, _)| *n == c.category) {
+            Some(col) => col.1 = col.1.saturating_add(c.at_peak_bytes),
+            None => columns.push((&c.category, c.at_peak_bytes)),
+        }
+    }
+    columns.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let mut head = vec!["Phase".to_string(), "AtPeak".into()];
+    head.extend(columns.iter().map(|(n, _)| n.to_string()));
+    let mut rows = vec![head];
+    for p in phases {
+        let mut row = vec![p.phase.clone(), humanized(p.at_peak_bytes)];
+        row.extend(columns.iter().map(|(n, _)| {
+            p.categories
+                .iter()
+                .find(|c| c.category == *n)
+                .map_or("-".into(), |c| humanized(c.at_peak_bytes))
+        }));
+        rows.push(row);
+    }
+    let mut out = table(&rows);
+    if phases.iter().any(|p| p.inferred) {
+        out.push_str("(phases inferred from stacks: the file records no record_function ranges)\n");
+    }
     out
 }
 
@@ -390,7 +555,13 @@ fn csv_rows(t: &Categories) -> Vec<CsvRow<'_>> {
         live_at_peak_bytes: Some(m.live_at_peak_bytes),
         ..CsvRow::default()
     });
-    cats.chain(modules).collect()
+    let phases = t.phases.iter().map(|p| CsvRow {
+        kind: "phase",
+        name: &p.phase,
+        at_peak_bytes: Some(p.at_peak_bytes),
+        ..CsvRow::default()
+    });
+    cats.chain(modules).chain(phases).collect()
 }
 
 pub fn render_csv(t: &Categories) -> String {
@@ -472,6 +643,35 @@ impl Table for Categories {
                     HtmlColumn::new("at_end_bytes", "AtEnd", Cell::Bytes),
                 ],
                 rows: html_rows(&self.categories),
+            });
+        }
+        if !self.phases.is_empty() {
+            // Each row also holds its categories, for the page's phase view.
+            let rows = self
+                .phases
+                .iter()
+                .map(|p| {
+                    let mut v = serde_json::to_value(p).unwrap_or(serde_json::Value::Null);
+                    v["split"] = p
+                        .categories
+                        .iter()
+                        .map(|c| format!("{} {}", c.category, humanized(c.at_peak_bytes)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                        .into();
+                    v
+                })
+                .collect();
+            tables.push(HtmlTable {
+                id: "phases-table",
+                title: "phases",
+                note: "bytes each phase allocated still live at the peak, by category",
+                columns: vec![
+                    HtmlColumn::new("phase", "Phase", Cell::Text),
+                    HtmlColumn::new("at_peak_bytes", "AtPeak", Cell::Bytes),
+                    HtmlColumn::new("split", "By category", Cell::Text),
+                ],
+                rows,
             });
         }
         if !self.modules.is_empty() {

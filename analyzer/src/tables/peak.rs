@@ -1,6 +1,7 @@
 //! `report`'s first section: what was live at the peak of live bytes — in all, by memory
 //! category, by line (the user's line of each allocation: [`user_line`]) and by scope (the
-//! outermost `record_function` range or user scope, or module, of its stack) — largest first, each
+//! outermost `record_function` range, inferred phase or user scope, or module, of its stack) —
+//! largest first, each
 //! with its share. It needs the live bytes at the peak by stack
 //! ([`crate::ReplayOptions::live_at_peak`]); without them it prints nothing.
 
@@ -93,6 +94,7 @@ pub fn peak(p: &Profile) -> Peak {
         // A `record_function` range or a scope of the user's (no phase), or a module.
         let scope = path.iter().find(|f| {
             f.kind == FrameKind::Link
+                || super::categories::phase_of(std::iter::once(**f)).is_some()
                 || (matches!(f.kind, FrameKind::Function | FrameKind::Scope)
                     && f.phase == Phase::None
                     && f.file.is_empty())

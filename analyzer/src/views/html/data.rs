@@ -10,9 +10,10 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
+use super::bound::{self, Elided};
 use super::names;
 use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Snapshot, Source};
-use crate::tables::categories::UNLABELLED;
+use crate::tables::categories::{phase_of, NO_PHASE, UNLABELLED};
 use crate::tables::{HtmlTable, Report, ReportOptions};
 use crate::views::flamegraph::{frame_display, Metric};
 
@@ -67,7 +68,7 @@ pub struct RunData {
 /// groups and its `other` add up to its used maximum exactly.
 #[derive(Debug, Clone, Serialize)]
 pub struct Bands {
-    /// `stack`, `category` or `module`.
+    /// `stack`, `category`, `phase` or `module`.
     pub by: &'static str,
     /// Each group's name in legends, tooltips and the live table; no two alike
     /// ([`super::names`]).
@@ -104,6 +105,9 @@ pub struct ViewData {
     pub tree: TreeData,
     /// Every table of the list of tables, as each shows itself ([`crate::tables::Table::html`]).
     pub tables: Vec<HtmlTable>,
+    /// What the page left out of the tree and the tables ([`super::bound`]).
+    #[serde(skip_serializing_if = "Elided::is_empty")]
+    pub elided: Elided,
 }
 
 /// The two runs' trees merged by frame path: each node's own amounts on either side.
@@ -219,6 +223,9 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
         categories.paths = vec![Vec::new(); ids.len()];
         bands.push(categories);
     }
+    if let Some(phases) = phase_bands(live) {
+        bands.push(phases);
+    }
     if !live.by_module.is_empty() {
         let (mut modules, ids) = grouped("module", &live.by_module);
         let paths: Vec<&[Frame]> = ids
@@ -246,6 +253,60 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
         acquired: series.points.iter().map(|p| p.2).collect(),
         bands,
     }
+}
+
+/// The used bytes of each point by phase ([`crate::tables::categories::phase_of`]), from the
+/// stacks each point keeps: the bytes of the stacks it leaves out are its `other` (their phase
+/// is not known). None when no stack has a phase.
+fn phase_bands(live: &LiveOverTime) -> Option<Bands> {
+    let mut names: Vec<String> = Vec::new();
+    let mut of_stack: HashMap<u32, u32> = HashMap::new();
+    let mut any = false;
+    for p in &live.points {
+        for &(id, _) in &p.stacks {
+            of_stack.entry(id).or_insert_with(|| {
+                let path = live.stacks.get(&id).map_or(&[][..], Vec::as_slice);
+                let (name, has) = match phase_of(path.iter()) {
+                    Some((name, _)) => (name, true),
+                    None => (NO_PHASE, false),
+                };
+                any |= has;
+                match names.iter().position(|n| n == name) {
+                    Some(i) => i as u32,
+                    None => {
+                        names.push(name.to_string());
+                        names.len() as u32 - 1
+                    }
+                }
+            });
+        }
+    }
+    if !any {
+        return None;
+    }
+    let points: Vec<Snapshot> = live
+        .points
+        .iter()
+        .map(|p| {
+            let mut by: Vec<(u32, u64)> = Vec::new();
+            for &(id, bytes) in &p.stacks {
+                let g = of_stack[&id];
+                match by.iter_mut().find(|(k, _)| *k == g) {
+                    Some(e) => e.1 = e.1.saturating_add(bytes),
+                    None => by.push((g, bytes)),
+                }
+            }
+            by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            Snapshot {
+                stacks: by,
+                other: p.other,
+            }
+        })
+        .collect();
+    let (mut bands, ids) = grouped("phase", &points);
+    bands.names = ids.iter().map(|&g| names[g as usize].clone()).collect();
+    bands.paths = vec![Vec::new(); ids.len()];
+    Some(bands)
 }
 
 /// The bands of per-point snapshots grouped one way, without names or paths, and the
@@ -287,27 +348,40 @@ fn grouped(by: &'static str, points: &[Snapshot]) -> (Bands, Vec<u32>) {
 }
 
 fn view(frames: &mut Frames, name: &str, runs: Vec<usize>, p: &Profile) -> ViewData {
+    let mut elided = Elided::default();
+    // Bounded before its frames are named, so that the page names only the frames it shows.
+    let (mut tree, folded) = bound::tree(tree(&p.tree), bound::MAX_TREE_NODES);
+    for f in tree.frame.iter_mut().skip(1) {
+        *f = frames.of(&p.tree.nodes[*f as usize].frame);
+    }
+    elided.tree_nodes = folded;
+    let tables = Report::compute(p, &ReportOptions::default())
+        .tables()
+        .iter()
+        .flat_map(|t| t.html())
+        .map(|t| {
+            let (t, left) = bound::table(t, bound::MAX_TABLE_ROWS);
+            if left > 0 {
+                elided.table_rows.push((t.id, left));
+            }
+            t
+        })
+        .collect();
     ViewData {
         name: name.to_string(),
         runs,
-        tree: tree(frames, &p.tree),
-        tables: Report::compute(p, &ReportOptions::default())
-            .tables()
-            .iter()
-            .flat_map(|t| t.html())
-            .collect(),
+        tree,
+        tables,
+        elided,
     }
 }
 
-fn tree(frames: &mut Frames, t: &CallTree) -> TreeData {
+/// The tree's nodes, each `frame` its node's index in `t` (the root's `u32::MAX`).
+fn tree(t: &CallTree) -> TreeData {
     let mut d = TreeData::default();
     for (i, n) in t.nodes.iter().enumerate() {
         d.parent.push(n.parent as u32);
-        d.frame.push(if i == 0 {
-            u32::MAX
-        } else {
-            frames.of(&n.frame)
-        });
+        d.frame.push(if i == 0 { u32::MAX } else { i as u32 });
         push_amounts(&mut d, t, i);
     }
     d

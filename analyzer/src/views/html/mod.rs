@@ -1,12 +1,13 @@
 //! `poolsight html`: one self-contained interactive page (no network: script, style and data
-//! inline). [`data`] computes what the page shows from replayed profiles; [`page`] writes the
-//! HTML around it; [`names`] names the timeline's bands; `assets/` holds the hand-written
+//! inline). [`data`] computes what the page shows from replayed profiles, [`bound`] keeps it to
+//! what a screen can show; [`page`] writes the HTML around it; [`names`] names the timeline's bands; `assets/` holds the hand-written
 //! script and style it inlines.
 //!
 //! [`report_page`] and [`diff_page`] do both for opened traces: they take the live-bytes
 //! snapshots the timeline needs (one more walk over each trace's memory events, only here)
 //! and render.
 
+pub mod bound;
 pub mod data;
 pub mod names;
 pub mod page;

@@ -8,7 +8,21 @@ use std::fmt::Write as _;
 use super::ReportData;
 
 const STYLE: &str = include_str!("assets/report.css");
-const SCRIPT: &str = include_str!("assets/report.js");
+/// The page's script: the parts in `assets/js/`, one job each, in this order inside one
+/// function (they share its scope: `base.js` defines what the others use, `page.js` starts).
+/// Strings from the trace only ever enter the document as text (textContent, canvas
+/// fillText), never as markup.
+const SCRIPT: &str = concat!(
+    "\"use strict\";\n(function () {\n",
+    include_str!("assets/js/base.js"),
+    include_str!("assets/js/timeline.js"),
+    include_str!("assets/js/flame.js"),
+    include_str!("assets/js/tables.js"),
+    include_str!("assets/js/categories.js"),
+    include_str!("assets/js/phases.js"),
+    include_str!("assets/js/page.js"),
+    "})();\n"
+);
 
 /// The HTML page of a report.
 pub fn render(data: &ReportData) -> String {
@@ -44,7 +58,7 @@ const BODY: &str = r#"<header>
 <main>
 <section id="timeline-section">
 <h2>Active memory over time</h2>
-<p class="help">Live bytes stacked by memory category, by module or by the stack that
+<p class="help">Live bytes stacked by memory category, by phase, by module or by the stack that
 allocated them (each point is its time bucket's maximum, so the peak is exact), the bytes a pool
 acquired as a line, epochs shaded. Wheel: zoom; drag: pan; hover: what a band is; click: what was live then.</p>
 <div class="toolbar"><button id="go-peak">Go to peak</button> <button id="zoom-reset">Reset zoom</button>
@@ -80,6 +94,16 @@ the peak: the figures of <code>poolsight categories</code>.</p>
 <div id="category-charts"></div>
 <div id="category-tables"></div>
 </section>
+<section id="phases-section" hidden>
+<h2>Memory by phase</h2>
+<p class="help">What each phase of the run allocated that was still live at the peak of live
+bytes, by category: the phase split of <code>poolsight categories</code>. Stack the timeline
+by phase to see them over time.</p>
+<p id="phase-note" class="help"></p>
+<h3>At the peak</h3>
+<div id="phase-peak"></div>
+<div id="phase-tables"></div>
+</section>
 <section id="flame-section">
 <h2 id="flame-title">Flamegraph</h2>
 <div class="toolbar">
@@ -88,6 +112,7 @@ the peak: the figures of <code>poolsight categories</code>.</p>
 <span id="search-result"></span>
 <button id="flame-reset">Reset zoom</button>
 </div>
+<p id="flame-note" class="help" hidden></p>
 <div id="flame" class="flame"></div>
 </section>
 <section id="tables-section">
