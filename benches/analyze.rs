@@ -42,7 +42,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use poolsight::analyzer::read::pack::{pack, PackOptions};
+use poolsight::analyzer::export::pack::{pack, PackOptions};
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::writer::now_ticks;

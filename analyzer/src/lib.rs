@@ -1,16 +1,16 @@
 //! poolsight's read side, grouped by what each part is:
 //!
 //! - [`read`]: reading a file — the verified reader over memory-mapped traces (the file is
-//!   untrusted input), packed traces, opening the traces of one job, `info`;
+//!   untrusted input), packed traces, opening the traces of one job;
 //! - [`replay`]: turning one or more traces into a [`Profile`], in parallel, in one pass;
 //! - [`tables`]: the seed tables (Chainer's `functions` and `timers`, CuPy's `lines`, fastai's
 //!   `epochs`) and the `report` of them all, each a pure function of a [`Profile`], with its
 //!   table, JSON and CSV renderings kept apart from the computation; the one list of report
-//!   tables lives there;
+//!   tables lives there; and `info`, what a file holds;
 //! - [`views`]: the pictures — flamegraphs, the timeline, the interactive HTML report;
 //! - [`diff`]: two runs' figures compared, and the rules a CI gate checks;
-//! - [`export`]: traces rewritten for other tools (Chrome/Perfetto, JSON Lines) and the
-//!   Parquet dataset of many runs.
+//! - [`export`]: traces rewritten for other tools (Chrome/Perfetto, JSON Lines), the Parquet
+//!   dataset of many runs, and packed traces.
 //!
 //! The architecture and the path of one report from the file to the terminal are in
 //! `docs/architecture.md`.

@@ -612,15 +612,15 @@ fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
 }
 
 /// The packer's options at zstd `level` (`None`: the `poolsight pack` default).
-fn pack_options(level: Option<i32>) -> PyResult<poolsight::analyzer::read::pack::PackOptions> {
-    let defaults = poolsight::analyzer::read::pack::PackOptions::default();
+fn pack_options(level: Option<i32>) -> PyResult<poolsight::analyzer::export::pack::PackOptions> {
+    let defaults = poolsight::analyzer::export::pack::PackOptions::default();
     let level = level.unwrap_or(defaults.level);
     if !(1..=22).contains(&level) {
         return Err(PyValueError::new_err(format!(
             "a zstd level is an int in 1..22, not {level}"
         )));
     }
-    Ok(poolsight::analyzer::read::pack::PackOptions { level, ..defaults })
+    Ok(poolsight::analyzer::export::pack::PackOptions { level, ..defaults })
 }
 
 fn warning_texts(warnings: &[poolsight::analyzer::Warning]) -> Vec<String> {
@@ -640,7 +640,7 @@ fn pack<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = pack_options(level)?;
     let (s, warnings) = py
-        .detach(|| poolsight::analyzer::read::pack::pack_file(&trace, &output, &opts))
+        .detach(|| poolsight::analyzer::export::pack::pack_file(&trace, &output, &opts))
         .map_err(|e| PoolsightError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     d.set_item("events", s.events)?;

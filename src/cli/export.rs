@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::export::{self, dataset};
 use poolsight::analyzer::read::load::{self, LoadWarning};
-use poolsight::analyzer::read::pack::{pack_file, PackOptions};
+use poolsight::analyzer::export::pack::{pack_file, PackOptions};
 use poolsight::analyzer::read::packed::DEFAULT_LEVEL;
 use poolsight::analyzer::views::flamegraph::{self, Metric};
 use poolsight::analyzer::{Profile, ReplayOptions, Trace};

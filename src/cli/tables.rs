@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use poolsight::analyzer::read::info;
+use poolsight::analyzer::tables::info;
 use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::tables::functions::{self, Unit};
 use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};

@@ -7,8 +7,9 @@ use crate::support::scratch;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use poolsight::analyzer::read::pack::{pack, PackOptions};
-use poolsight::analyzer::read::{info, load};
+use poolsight::analyzer::export::pack::{pack, PackOptions};
+use poolsight::analyzer::read::load;
+use poolsight::analyzer::tables::info;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::{replay, ReadError, Trace};
 use poolsight::recorder::{
