@@ -658,13 +658,18 @@ fn pack<'py>(
 /// trace without them). ``pytest --poolsight`` checks its limits on these figures.
 #[pyfunction]
 fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    use poolsight::analyzer::{read::load, views::flamegraph};
-    let opts = poolsight::analyzer::ReplayOptions {
+    use poolsight::analyzer::{load, views::flamegraph};
+    // Loaded as `poolsight report` loads it: PyTorch files converted, the user's frames.
+    let opts = load::LoadOptions {
+        frames: load::FrameFilter::User,
+        resolver: Some(&poolsight::cli::PyTorchFiles { progress: false }),
+    };
+    let replay = poolsight::analyzer::ReplayOptions {
         live_at_peak: true,
         ..Default::default()
     };
     let loaded = py
-        .detach(|| load::load(&[&trace], &opts, |_| {}))
+        .detach(|| load::load(&[&trace], &opts, &replay, |_| {}))
         .map_err(|e| PoolsightError::new_err(e.to_string()))?;
     let (Some(t), Some(p)) = (loaded.traces.first(), loaded.profiles.first()) else {
         return Err(PoolsightError::new_err("no trace was read"));

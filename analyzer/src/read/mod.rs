@@ -24,15 +24,13 @@
 //! - `defs`: merging the definitions chunks (strings, frames, stacks, threads, devices);
 //! - `pages`: giving pages back to the kernel, so a pass keeps little resident;
 //! - [`packed`]: the columns of packed event chunks, decoded (and encoded, for the packer);
-//! - [`load`]: opening the traces of one job together; [`incomplete`]: whether a run is whole
-//!   enough to compare; [`names`]: the stable names of kinds in every output.
+//! - [`names`]: the stable names of kinds in every output.
 //!
-//! Writing a packed copy is an export ([`crate::export::pack`]); what `poolsight info` says of
-//! a file is [`crate::tables::info`].
+//! Opening the traces of one job together, replaying them and converting other tools' files is
+//! the loading step ([`crate::load`]); writing a packed copy is an export
+//! ([`crate::export::pack`]).
 
 mod defs;
-pub mod incomplete;
-pub mod load;
 pub mod names;
 pub mod packed;
 mod pages;

@@ -41,8 +41,16 @@ pub struct Trace {
 
 impl Trace {
     pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, file, map, false)
+        let path = path.as_ref();
+        Self::open_named(path, path, false)
+    }
+
+    /// [`Trace::open`] of the file at `file` (with `deferred`, [`Trace::open_deferred`]), named
+    /// `name` in its [`Trace::path`] and in its errors: a trace converted from a file the user
+    /// named (a PyTorch snapshot) reads as that file.
+    pub fn open_named(file: &Path, name: &Path, deferred: bool) -> Result<Trace, ReadError> {
+        let (file, map) = map_file(file, name)?;
+        Self::from_map(name.to_path_buf(), file, map, deferred)
     }
 
     /// [`Trace::open`], except that the checksums of sealed event chunks are not checked here
@@ -50,12 +58,12 @@ impl Trace {
     /// over the file instead of two. Everything else is verified as `open` verifies it, so
     /// reading the trace is as safe; but until [`Trace::checksums_hold`] says so, a corrupted
     /// chunk's events may have been read as if they were sound. Use it only as
-    /// [`crate::read::load::load`] does: replay, then, unless every checksum held, open the file
+    /// [`crate::load`] does: replay, then, unless every checksum held, open the file
     /// again with `open` (which names the corrupted chunks and leaves them out) and replay
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, file, map, true)
+        let path = path.as_ref();
+        Self::open_named(path, path, true)
     }
 
     /// Checks a chunk's deferred checksum (nothing for a chunk whose checksum was checked at
@@ -327,7 +335,7 @@ impl Trace {
 
     /// Whether the writer finished the file: its footer is sealed (docs/format.md, "The
     /// footer and finished"). Chunks lost since, or events it dropped, do not change that;
-    /// they make the run incomplete (see [`crate::read::incomplete`]).
+    /// they make the run incomplete (see [`crate::load::incomplete`]).
     pub fn finished(&self) -> bool {
         self.footer.is_some()
     }
@@ -375,15 +383,15 @@ fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
     }
 }
 
-/// The file mapped read-only.
+/// The file mapped read-only; errors name it `name`.
 ///
 /// The file is locked for reading first (poolsight_schema::lock), and stays locked while the
 /// returned `File` is open: a recorder finishing it meanwhile does not trim the file under the
 /// mapping, which would kill this process with SIGBUS; a second recording never truncates a
 /// file, it replaces it with a new one.
-fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
+fn map_file(path: &Path, name: &Path) -> Result<(File, Mmap), ReadError> {
     let io = |source| ReadError::Io {
-        path: path.to_path_buf(),
+        path: name.to_path_buf(),
         source,
     };
     let file = File::open(path).map_err(io)?;
@@ -396,7 +404,7 @@ fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
     // SAFETY: the mapping is read-only, and with the reading lock held no poolsight process
     // shortens the file (see above); a program that is not poolsight could still truncate it.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok((path.to_path_buf(), file, map))
+    Ok((file, map))
 }
 
 /// How long an open waits for a finishing recorder's trim (a few ms at most).

@@ -87,7 +87,7 @@ pub struct Info {
 pub fn add_replay(info: &mut Info, profile: &Profile) {
     if let Some(s) = profile.sources.first() {
         info.pool = Some(s.pool.clone());
-        info.incomplete = crate::read::incomplete::problems(s);
+        info.incomplete = crate::load::incomplete::problems(s);
         info.epochs = Some(s.epochs.len());
     }
 }
