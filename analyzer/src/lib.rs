@@ -4,8 +4,8 @@
 //!   untrusted input), packed traces;
 //! - [`replay`]: turning one or more traces into a [`Profile`], in parallel, in one pass;
 //! - [`load`]: the files of one job made into profiles — other tools' files converted through
-//!   a resolver the caller provides, the traces opened in order, replayed, merged or per rank;
-//!   what every front end calls;
+//!   a resolver the caller provides, the traces opened in order with their stacks shown as
+//!   `--frames` asks, replayed, merged or per rank; what every front end calls;
 //! - [`tables`]: the seed tables (Chainer's `functions` and `timers`, CuPy's `lines`, fastai's
 //!   `epochs`) and the `report` of them all, each a pure function of a [`Profile`], with its
 //!   table, JSON and CSV renderings kept apart from the computation; the one list of report

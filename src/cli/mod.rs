@@ -37,12 +37,13 @@ pub use import::PyTorchFiles;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// PyTorch files (snapshots, profiler traces): which frames of each stack to keep.
-    /// user: your own Python lines, module forwards and, innermost, the operator that
-    /// allocated (`aten::addmm`, under its autograd node in backward), launchers, interpreter,
-    /// libc, dispatcher and PyTorch's plumbing dropped; viewer: what PyTorch's memory viewer
-    /// shows (unwinder, interpreter and dispatcher frames dropped); python: Python frames
-    /// only; all: every frame recorded.
+    /// Which frames of each stack to keep, for PyTorch files (snapshots, profiler traces) and
+    /// for traces recorded with Python stacks. user: your own Python lines, module forwards
+    /// and, innermost, the operator that allocated (`aten::addmm`, under its autograd node in
+    /// backward), launchers, interpreter, libc, dispatcher and PyTorch's plumbing dropped;
+    /// viewer: what PyTorch's memory viewer shows (unwinder, interpreter and dispatcher frames
+    /// dropped); python: Python frames only; all: every frame recorded. Scopes and call sites
+    /// that poolsight records itself are always kept.
     #[arg(
         long,
         global = true,

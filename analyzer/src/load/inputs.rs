@@ -11,7 +11,9 @@ use std::any::Any;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{FrameFilter, LoadError, LoadOptions};
+use poolsight_frames::FrameFilter;
+
+use super::{frames, LoadError, LoadOptions};
 use crate::read::{ReadError, Trace};
 
 /// Why a resolver could not convert a file (its message names the file).
@@ -44,15 +46,20 @@ pub struct Input {
     pub named: PathBuf,
     /// The trace file read for it: `named` itself, or the trace it was converted into.
     pub trace: PathBuf,
+    /// Which frames of its stacks to show.
+    frames: FrameFilter,
     /// What keeps a converted trace on disk.
     _converted: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Input {
-    /// Opens the trace, called by its [`Input::named`] path (with `deferred`, the event
-    /// chunks' checksums are left to the replay: see [`Trace::open_deferred`]).
+    /// Opens the trace, called by its [`Input::named`] path, its stacks shown as the
+    /// options' `frames` say (with `deferred`, the event chunks' checksums are left to the
+    /// replay: see [`Trace::open_deferred`]).
     pub fn open(&self, deferred: bool) -> Result<Trace, ReadError> {
-        Trace::open_named(&self.trace, &self.named, deferred)
+        let mut trace = Trace::open_named(&self.trace, &self.named, deferred)?;
+        frames::show(&mut trace, self.frames);
+        Ok(trace)
     }
 }
 
@@ -101,6 +108,7 @@ impl Inputs {
                 Input {
                     named: p.to_path_buf(),
                     trace: c.map_or_else(|| p.to_path_buf(), |c| c.0.clone()),
+                    frames: opts.frames,
                     _converted: c.map(|c| Arc::clone(&c.1)),
                 }
             })

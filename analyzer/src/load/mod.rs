@@ -4,8 +4,8 @@
 //! 1. [`inputs`]: each file the user named becomes an [`Input`] — a trace as it is, another
 //!    tool's file (a PyTorch snapshot or profiler trace) converted by the [`Resolver`] the
 //!    caller provides — that keeps the name the user gave it;
-//! 2. `job`: the traces are opened, put in a fixed order (rank, then path), and checked as a
-//!    set;
+//! 2. `job`: the traces are opened (their stacks shown through the frames the options ask
+//!    for, `frames`), put in a fixed order (rank, then path), and checked as a set;
 //! 3. the traces are replayed (`replay`), each chunk's checksum checked as the replay reads
 //!    it, the files opened again, every checksum checked first, if one fails;
 //! 4. [`Loaded::views`]: the merged profile, or one per rank.
@@ -16,6 +16,7 @@
 //! replay progress as a byte counter ([`ReplayOptions::progress`]) plus the total it counts up
 //! to, handed to a callback before the replay starts.
 
+mod frames;
 pub mod incomplete;
 mod inputs;
 mod job;
@@ -33,8 +34,9 @@ use crate::replay::{progress_total, replay, Profile, ReplayOptions};
 /// How to load the files of a job.
 #[derive(Clone, Copy, Default)]
 pub struct LoadOptions<'r> {
-    /// Which frames of each stack to show (`--frames`), handed to the resolver for the files
-    /// it converts. `User` by default.
+    /// Which frames of each stack to show (`--frames`): handed to the resolver for the files it
+    /// converts, and applied to poolsight traces with foreign (Python) frames as they are
+    /// opened. `User` by default.
     pub frames: FrameFilter,
     /// Converts the files that are not traces; `None`: every file must be a trace.
     pub resolver: Option<&'r dyn Resolver>,
@@ -138,7 +140,8 @@ pub fn load<P: AsRef<Path>>(
     Inputs::resolve(paths, opts)?.load(replay, on_start)
 }
 
-/// Opens the traces at `paths` with every checksum checked, without replaying them.
+/// Opens the traces at `paths` with every checksum checked, their frames as recorded, without
+/// replaying them.
 pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, LoadError> {
     let opts = LoadOptions {
         frames: FrameFilter::All,

@@ -37,6 +37,9 @@ pub struct Trace {
     /// Per chunk, whether its deferred checksum was checked and held (see
     /// [`Trace::open_deferred`]); empty when nothing was deferred.
     crc_checked: Vec<AtomicBool>,
+    /// What the stack ids of the events read are (see [`Trace::renumber_stacks`]); `None`: as
+    /// in the file.
+    stack_ids: Option<Box<[u32]>>,
 }
 
 impl Trace {
@@ -161,6 +164,7 @@ impl Trace {
             warnings,
             decode_failures: Mutex::new(Vec::new()),
             crc_checked: Vec::new(),
+            stack_ids: None,
         };
         if trace.chunks.iter().any(|c| c.crc_deferred) {
             trace.crc_checked = trace
@@ -196,36 +200,79 @@ impl Trace {
 
     /// Memory events of a `Mem` chunk, in place or decoded (empty for other kinds).
     pub fn mem_events(&self, c: &ChunkInfo) -> Events<'_, fb::MemEvent> {
-        if c.packed {
-            return self.decode(c, Packed::Mem, packed::decode_mem);
-        }
-        let events = self
-            .chunk_root(c)
-            .body_as_mem_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        let events = self.events(c, Packed::Mem, packed::decode_mem, |b| {
+            b.body_as_mem_events().and_then(|b| b.events())
+        });
+        self.renumbered(events, |e, id| e.set_stack(id(e.stack())))
     }
 
     pub fn scope_events(&self, c: &ChunkInfo) -> Events<'_, fb::ScopeEvent> {
-        if c.packed {
-            return self.decode(c, Packed::Scope, packed::decode_scope);
-        }
-        let events = self
-            .chunk_root(c)
-            .body_as_scope_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        let events = self.events(c, Packed::Scope, packed::decode_scope, |b| {
+            b.body_as_scope_events().and_then(|b| b.events())
+        });
+        // Stack 0 marks a rebase (its `duration` is the new base), not a scope.
+        self.renumbered(events, |e, id| {
+            if e.stack() != 0 {
+                e.set_stack(id(e.stack()))
+            }
+        })
     }
 
     pub fn mark_events(&self, c: &ChunkInfo) -> Events<'_, fb::MarkEvent> {
+        let events = self.events(c, Packed::Mark, packed::decode_mark, |b| {
+            b.body_as_mark_events().and_then(|b| b.events())
+        });
+        // Only a raised call's mark names a stack (its `aux`).
+        self.renumbered(events, |e, id| {
+            if e.kind() == fb::MarkKind::ScopeAbort {
+                e.set_aux(id(e.aux()))
+            }
+        })
+    }
+
+    /// The events of chunk `c`: decoded from a packed chunk of `kind`, else in place in the
+    /// vector `body` finds in the chunk.
+    fn events<'a, T>(
+        &'a self,
+        c: &ChunkInfo,
+        kind: Packed,
+        decode: fn(&[u8], u32) -> Result<Vec<T>, packed::DecodeError>,
+        body: impl FnOnce(fb::Chunk<'a>) -> Option<flatbuffers::Vector<'a, T>>,
+    ) -> Events<'a, T> {
         if c.packed {
-            return self.decode(c, Packed::Mark, packed::decode_mark);
+            return self.decode(c, kind, decode);
         }
-        let events = self
-            .chunk_root(c)
-            .body_as_mark_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        Events::Mapped(vector_slice(body(self.chunk_root(c))))
+    }
+
+    /// Shows the trace through other definitions: from now on `defs` are its definitions and
+    /// an event read with stack `s` carries stack `ids[s]` (ids past the end of `ids` as they
+    /// are). The loading step shows a trace's stacks through a view of their frames this way
+    /// (`--frames`), where dropping frames makes several stacks one. The file is untouched;
+    /// the events of a renumbered trace are copied out of the mapping as they are read.
+    pub fn renumber_stacks(&mut self, defs: Defs, ids: Vec<u32>) {
+        self.defs = defs;
+        self.stack_ids = Some(ids.into_boxed_slice());
+    }
+
+    /// `events` with their stacks renumbered by `set` (see [`Trace::renumber_stacks`]).
+    fn renumbered<'a, T: Copy>(
+        &self,
+        events: Events<'a, T>,
+        set: impl Fn(&mut T, &dyn Fn(u32) -> u32),
+    ) -> Events<'a, T> {
+        let Some(ids) = &self.stack_ids else {
+            return events;
+        };
+        let id = |s: u32| ids.get(s as usize).copied().unwrap_or(s);
+        let mut v = match events {
+            Events::Mapped(s) => s.to_vec(),
+            Events::Decoded(v) => v,
+        };
+        for e in &mut v {
+            set(e, &id);
+        }
+        Events::Decoded(v)
     }
 
     /// Decodes a packed chunk of `kind`; a failure is remembered as a warning (see
