@@ -142,6 +142,15 @@ enum Command {
     Whatif(whatif::WhatifArgs),
 }
 
+/// The names of the commands (`demo`, `info`, `functions`, ...).
+pub fn command_names() -> Vec<String> {
+    use clap::CommandFactory;
+    Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect()
+}
+
 /// Runs the command line of this process.
 pub fn main() -> ExitCode {
     ExitCode::from(run_args(std::env::args_os()))
