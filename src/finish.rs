@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::analyzer::read::pack::{pack_file, PackError, PackOptions, PackSummary};
+use crate::analyzer::export::pack::{pack_file, PackError, PackOptions, PackSummary};
 use crate::analyzer::Warning;
 use crate::recorder::{Recorder, RecorderError, Summary};
 

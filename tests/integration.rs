@@ -42,6 +42,8 @@ mod scopes;
 mod snapshot_views;
 #[path = "integration/snapshots.rs"]
 mod snapshots;
+#[path = "integration/user_frames.rs"]
+mod user_frames;
 #[path = "integration/visuals.rs"]
 mod visuals;
 #[path = "integration/whatif.rs"]

@@ -612,15 +612,15 @@ fn native_recorder(obj: &Bound<'_, PyAny>) -> PyResult<Py<Recorder>> {
 }
 
 /// The packer's options at zstd `level` (`None`: the `poolsight pack` default).
-fn pack_options(level: Option<i32>) -> PyResult<poolsight::analyzer::read::pack::PackOptions> {
-    let defaults = poolsight::analyzer::read::pack::PackOptions::default();
+fn pack_options(level: Option<i32>) -> PyResult<poolsight::analyzer::export::pack::PackOptions> {
+    let defaults = poolsight::analyzer::export::pack::PackOptions::default();
     let level = level.unwrap_or(defaults.level);
     if !(1..=22).contains(&level) {
         return Err(PyValueError::new_err(format!(
             "a zstd level is an int in 1..22, not {level}"
         )));
     }
-    Ok(poolsight::analyzer::read::pack::PackOptions { level, ..defaults })
+    Ok(poolsight::analyzer::export::pack::PackOptions { level, ..defaults })
 }
 
 fn warning_texts(warnings: &[poolsight::analyzer::Warning]) -> Vec<String> {
@@ -640,7 +640,7 @@ fn pack<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let opts = pack_options(level)?;
     let (s, warnings) = py
-        .detach(|| poolsight::analyzer::read::pack::pack_file(&trace, &output, &opts))
+        .detach(|| poolsight::analyzer::export::pack::pack_file(&trace, &output, &opts))
         .map_err(|e| PoolsightError::new_err(e.to_string()))?;
     let d = PyDict::new(py);
     d.set_item("events", s.events)?;
@@ -658,13 +658,18 @@ fn pack<'py>(
 /// trace without them). ``pytest --poolsight`` checks its limits on these figures.
 #[pyfunction]
 fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
-    use poolsight::analyzer::{read::load, views::flamegraph};
-    let opts = poolsight::analyzer::ReplayOptions {
+    use poolsight::analyzer::{load, views::flamegraph};
+    // Loaded as `poolsight report` loads it: PyTorch files converted, the user's frames.
+    let opts = load::LoadOptions {
+        frames: load::FrameFilter::User,
+        resolver: Some(&poolsight::cli::PyTorchFiles { progress: false }),
+    };
+    let replay = poolsight::analyzer::ReplayOptions {
         live_at_peak: true,
         ..Default::default()
     };
     let loaded = py
-        .detach(|| load::load(&[&trace], &opts, |_| {}))
+        .detach(|| load::load(&[&trace], &opts, &replay, |_| {}))
         .map_err(|e| PoolsightError::new_err(e.to_string()))?;
     let (Some(t), Some(p)) = (loaded.traces.first(), loaded.profiles.first()) else {
         return Err(PoolsightError::new_err("no trace was read"));

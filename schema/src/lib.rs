@@ -24,6 +24,7 @@
 #[path = "generated/mod.rs"]
 mod generated;
 
+pub mod header;
 pub mod kinds;
 pub mod lock;
 
@@ -54,7 +55,6 @@ pub const PACKED_MINOR: u16 = 2;
 /// The first minor version whose files carry a header checksum (the 4 bytes before
 /// `data_offset`) and whose sealed-chunk checksums cover the size prefix.
 pub const HEADER_CRC_MINOR: u16 = 1;
-/// Bytes before the header FlatBuffer.
 /// The `file` of a `Label` frame whose category was inferred (from stacks, phases and
 /// lifetimes, by the importer of a file that has none) rather than recorded: readers say so.
 pub const INFERRED_LABEL: &str = "inferred";
@@ -63,6 +63,7 @@ pub const INFERRED_LABEL: &str = "inferred";
 /// whose file is [`INFERRED_LABEL`]), the phases reports split memory by.
 pub const RANGE_FILE: &str = "record_function";
 
+/// Bytes before the header FlatBuffer.
 pub const PRELUDE_LEN: usize = 16;
 /// Bytes of the header checksum that ends the header region (format 1.1 and later).
 pub const HEADER_CRC_LEN: usize = 4;
@@ -219,43 +220,6 @@ pub fn finish_chunk(
     let bytes = fbb.finished_data().to_vec();
     fbb.reset();
     bytes
-}
-
-/// What a converted trace's `Header.import` says (format 1.5), as the recorder writes it and a
-/// packer copies it.
-pub struct ImportFields<'a> {
-    pub kind: &'a str,
-    pub path: &'a str,
-    pub bytes: u64,
-    pub entries: u64,
-    pub overflowed: bool,
-    pub unmapped: &'a [String],
-}
-
-/// Builds `Header.import` from `fields`.
-pub fn build_import<'a>(
-    fbb: &mut flatbuffers::FlatBufferBuilder<'a>,
-    fields: &ImportFields,
-) -> flatbuffers::WIPOffset<fb::Import<'a>> {
-    let kind = fbb.create_string(fields.kind);
-    let path = fbb.create_string(fields.path);
-    let unmapped: Vec<_> = fields
-        .unmapped
-        .iter()
-        .map(|u| fbb.create_string(u))
-        .collect();
-    let unmapped = fbb.create_vector(&unmapped);
-    fb::Import::create(
-        fbb,
-        &fb::ImportArgs {
-            kind: Some(kind),
-            path: Some(path),
-            bytes: fields.bytes,
-            entries: fields.entries,
-            overflowed: fields.overflowed,
-            unmapped: Some(unmapped),
-        },
-    )
 }
 
 /// Where a chunk's checksum starts, by format minor: 1.1 and later cover the 4-byte size

@@ -8,7 +8,7 @@ use clap::Args;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, Metric};
 
-use super::load::load_with_peak;
+use super::load::Reading;
 use super::output::{names, write_file};
 use super::views::write_html;
 use crate::demo::{self, DemoDevice, DemoOptions};
@@ -49,7 +49,7 @@ fn parse_device(s: &str) -> Result<DemoDevice, String> {
     s.parse().map_err(|e: demo::DemoError| e.to_string())
 }
 
-pub fn demo(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn demo(args: DemoArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let opts = DemoOptions {
         out: args.out,
         epochs: args.epochs,
@@ -84,7 +84,7 @@ pub fn demo(args: DemoArgs, out: &mut impl Write) -> anyhow::Result<()> {
     // One replay for the report, the flamegraph and the page (which needs the bytes live at
     // the peak; the others do not read them).
     let traces = std::slice::from_ref(&outcome.path);
-    let loaded = load_with_peak(traces)?;
+    let loaded = r.load_with_peak(traces)?;
     let profile = &loaded.profiles[0];
     let opts = ReportOptions::default();
     write!(

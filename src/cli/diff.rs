@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
-use poolsight::analyzer::read::incomplete;
+use poolsight::analyzer::load::incomplete;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
+
+use super::load::Reading;
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
@@ -125,7 +127,7 @@ struct Side {
     partial: Option<String>,
 }
 
-fn figures(paths: &[PathBuf], keep_first: bool) -> anyhow::Result<Side> {
+fn figures(paths: &[PathBuf], keep_first: bool, r: &Reading) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
     let mut figures = Vec::new();
@@ -138,7 +140,7 @@ fn figures(paths: &[PathBuf], keep_first: bool) -> anyhow::Result<Side> {
             ..ReplayOptions::default()
         };
         // One path: one trace and its profile, or an error.
-        let mut loaded = super::load::load_traces(std::slice::from_ref(path), replay)?;
+        let mut loaded = r.load(std::slice::from_ref(path), replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
         figures.push(Figures::of(&Report::compute(&profile, &opts)));
@@ -153,15 +155,15 @@ fn figures(paths: &[PathBuf], keep_first: bool) -> anyhow::Result<Side> {
     })
 }
 
-pub fn run(args: DiffArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
+pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u8> {
     let (base_paths, new_paths) = sides(&args)?;
     let mut rules = args.fail_on.clone();
     if let Some(path) = &args.rules {
         rules.extend(read_rules(path)?);
     }
     let keep = args.flamegraph.is_some() || args.html.is_some();
-    let base_side = figures(base_paths, keep)?;
-    let new_side = figures(new_paths, keep)?;
+    let base_side = figures(base_paths, keep, r)?;
+    let new_side = figures(new_paths, keep, r)?;
     let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
         .iter()
         .filter_map(|(side, p)| p.as_ref().map(|p| format!("{side} run is partial: {p}")))

@@ -5,15 +5,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, ValueEnum};
+use poolsight::analyzer::export::pack::{self, PackOptions};
 use poolsight::analyzer::export::{self, dataset};
-use poolsight::analyzer::read::load::{self, LoadWarning};
-use poolsight::analyzer::read::pack::{pack_file, PackOptions};
+use poolsight::analyzer::load::{Input, Inputs, LoadWarning};
 use poolsight::analyzer::read::packed::DEFAULT_LEVEL;
 use poolsight::analyzer::views::flamegraph::{self, Metric};
-use poolsight::analyzer::{Profile, ReplayOptions, Trace};
+use poolsight::analyzer::{Profile, ReadError, ReplayOptions, Trace};
+use rayon::prelude::*;
 
 use super::args::parse_metric;
-use super::load::{check_trace_path, load_profiles, load_traces, warn};
+use super::load::{warn, Reading};
 use super::output::{with_progress, wrote, Sink};
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -65,12 +66,12 @@ pub struct ExportArgs {
     points: usize,
 }
 
-pub fn export(args: ExportArgs) -> anyhow::Result<()> {
-    let traces = &super::load::inputs(&args.traces)?;
+pub fn export(args: ExportArgs, r: &Reading) -> anyhow::Result<()> {
+    let inputs = r.inputs(&args.traces)?;
     match args.format {
         ExportFormat::Chrome => {
-            let loaded = load_traces(
-                traces,
+            let loaded = r.load_inputs(
+                &inputs,
                 ReplayOptions {
                     series_points: args.points,
                     ..ReplayOptions::default()
@@ -83,7 +84,7 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
             sink.finish()
         }
         ExportFormat::Folded => {
-            let profile = Profile::merge(load_profiles(traces, args.metric == Metric::Peak)?);
+            let profile = Profile::merge(r.profiles(&inputs, args.metric == Metric::Peak)?);
             let mut sink = Sink::create(&args.output)?;
             for line in flamegraph::folded(&profile, args.metric) {
                 writeln!(sink, "{line}")?;
@@ -92,18 +93,18 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
         }
         ExportFormat::Json => {
             anyhow::ensure!(
-                traces.len() == 1,
+                inputs.len() == 1,
                 "export --format json takes one trace (got {}); export each on its own",
-                traces.len()
+                inputs.len()
             );
-            let opened = load::open_all(traces)?;
+            let opened = inputs.open()?;
             opened.warnings.iter().for_each(warn);
             let mut sink = Sink::create(&args.output)?;
             export::jsonl(&opened.traces[0], &mut sink)?;
             sink.finish()
         }
         ExportFormat::Parquet => export_parquet(
-            traces,
+            &inputs,
             &args.output,
             args.tables,
             args.run_id,
@@ -115,16 +116,18 @@ pub fn export(args: ExportArgs) -> anyhow::Result<()> {
 /// Exports the traces into a Parquet dataset, in parallel, with a progress bar; one line per
 /// trace written.
 fn export_parquet(
-    traces: &[PathBuf],
+    inputs: &Inputs,
     dir: &Path,
     tables: ParquetTables,
     run_id: Option<String>,
     allow_incomplete: bool,
 ) -> anyhow::Result<()> {
-    for p in traces {
-        check_trace_path(p)?;
-    }
-    let opened = dataset::open(traces, allow_incomplete)?;
+    let inputs: Vec<&Input> = inputs.iter().collect();
+    let opened = inputs
+        .par_iter()
+        .map(|i| i.open(false))
+        .collect::<Result<Vec<Trace>, ReadError>>()?;
+    let opened = dataset::checked(opened, allow_incomplete)?;
     for t in &opened {
         for w in &t.warnings {
             warn(&LoadWarning {
@@ -173,15 +176,17 @@ pub struct PackArgs {
     level: i32,
 }
 
-pub fn pack(mut args: PackArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    args.trace = super::load::inputs(std::slice::from_ref(&args.trace))?.remove(0);
-    check_trace_path(&args.trace)?;
+pub fn pack(args: PackArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
+    let inputs = r.inputs(std::slice::from_ref(&args.trace))?;
+    let input = inputs.iter().next().expect("one input for one path");
+    // Packed as recorded: every frame kept.
+    let mut trace = Trace::open_named(&input.trace, &input.named, false)?;
     let opts = PackOptions {
         level: args.level,
         ..Default::default()
     };
-    let (s, warnings) = pack_file(&args.trace, &args.output, &opts)?;
-    for w in &warnings {
+    let s = pack::pack(&trace, &args.output, &opts)?;
+    for w in std::mem::take(&mut trace.warnings) {
         eprintln!("poolsight: warning: {}: {w}", args.trace.display());
     }
     writeln!(

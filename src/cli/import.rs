@@ -1,5 +1,5 @@
 //! `poolsight import`, and the conversion every analysis command does when it is handed a
-//! PyTorch file instead of a trace (see [`super::load::inputs`]).
+//! PyTorch file instead of a trace ([`PyTorchFiles`], the resolver the loading step is given).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::Args;
+use poolsight::analyzer::load::{self, ConvertError, Resolver};
 use poolsight_import::{convert_file, detect_file, rank_from_name, Converted, FrameFilter, Kind};
 
 use super::output::ProgressBar;
@@ -30,13 +31,7 @@ pub struct ImportArgs {
     force: bool,
 }
 
-/// Conversion settings every command shares (`--frames`).
-#[derive(Clone, Copy, Default)]
-pub struct Settings {
-    pub frames: FrameFilter,
-}
-
-pub fn import(args: ImportArgs, settings: Settings, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn import(args: ImportArgs, frames: FrameFilter, out: &mut impl Write) -> anyhow::Result<()> {
     let several = args.inputs.len() > 1;
     anyhow::ensure!(
         !(several && args.rank.is_some()),
@@ -55,7 +50,7 @@ pub fn import(args: ImportArgs, settings: Settings, out: &mut impl Write) -> any
             args.output.clone()
         };
         let world = several.then_some(args.inputs.len() as u32);
-        let c = convert(input, &output, settings, rank, world, args.force)?;
+        let c = convert(input, &output, frames, rank, world, args.force, true)?;
         writeln!(
             out,
             "{}: {} {} entries -> {} events in {}{}{}",
@@ -97,14 +92,15 @@ pub fn ranks_of(inputs: &[PathBuf], rank: Option<u32>) -> Vec<Option<u32>> {
     }
 }
 
-/// Converts one file, with a progress bar on a terminal.
+/// Converts one file, with a progress bar on a terminal when `progress` says so.
 pub fn convert(
     input: &Path,
     output: &Path,
-    settings: Settings,
+    frames: FrameFilter,
     rank: Option<u32>,
     world_size: Option<u32>,
     overwrite: bool,
+    progress: bool,
 ) -> anyhow::Result<Converted> {
     anyhow::ensure!(
         !input.is_dir(),
@@ -115,10 +111,12 @@ pub fn convert(
         .with_context(|| format!("cannot read {}", input.display()))?
         .len();
     let mut bar = ProgressBar::new();
-    bar.begin("converting", total);
+    if progress {
+        bar.begin("converting", total);
+    }
     let done = bar.done.clone();
     let opts = poolsight_import::Options {
-        frames: settings.frames,
+        frames,
         rank,
         world_size,
         overwrite,
@@ -133,4 +131,41 @@ pub fn convert(
 /// Whether `path` is a PyTorch file to convert (by its content) rather than a trace.
 pub fn is_pytorch_file(path: &Path) -> bool {
     !path.is_dir() && matches!(detect_file(path), Ok(Kind::Snapshot | Kind::Profile))
+}
+
+/// PyTorch's files (snapshots, profiler traces) read wherever a trace is: converted through
+/// `poolsight-import` into temporary traces that last as long as the loaded inputs. Several
+/// without ranks in their names are ranks in the order given.
+pub struct PyTorchFiles {
+    /// A progress bar on a terminal while converting.
+    pub progress: bool,
+}
+
+impl Resolver for PyTorchFiles {
+    fn converts(&self, path: &Path) -> bool {
+        is_pytorch_file(path)
+    }
+
+    fn convert(
+        &self,
+        paths: &[&Path],
+        frames: FrameFilter,
+    ) -> Result<Vec<load::Converted>, ConvertError> {
+        let owned: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+        let ranks = ranks_of(&owned, None);
+        let world = (paths.len() > 1).then_some(paths.len() as u32);
+        let mut out = Vec::with_capacity(paths.len());
+        for (p, rank) in paths.iter().zip(ranks) {
+            let dir = tempfile::Builder::new()
+                .prefix("poolsight-import-")
+                .tempdir()?;
+            let trace = dir.path().join("converted.pstrace");
+            convert(p, &trace, frames, rank, world, false, self.progress)?;
+            out.push(load::Converted {
+                trace,
+                keep: Box::new(dir),
+            });
+        }
+        Ok(out)
+    }
 }

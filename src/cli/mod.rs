@@ -4,7 +4,8 @@
 //!
 //! One file per family of commands: [`tables`] (`info` and the report tables), [`views`]
 //! (`flamegraph`, `timeline`, `html`), [`export`] (`export`, `pack`), [`diff`], [`demo`];
-//! [`load`] is the front door every analysis command goes through to read its traces,
+//! [`load`] is the front door every analysis command goes through to read its traces
+//! ([`load::Reading`], handed to each command),
 //! [`output`] what they write, [`args`] the arguments they share.
 
 mod args;
@@ -24,6 +25,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub use import::PyTorchFiles;
+
 /// Record what a training run does with GPU memory and time; analyze the trace later.
 ///
 /// Analysis commands take one or more traces: several (the ranks of one job) merge into one
@@ -34,12 +37,13 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// PyTorch files (snapshots, profiler traces): which frames of each stack to keep.
-    /// user: your own Python lines, module forwards and, innermost, the operator that
-    /// allocated (`aten::addmm`, under its autograd node in backward), launchers, interpreter,
-    /// libc, dispatcher and PyTorch's plumbing dropped; viewer: what PyTorch's memory viewer
-    /// shows (unwinder, interpreter and dispatcher frames dropped); python: Python frames
-    /// only; all: every frame recorded.
+    /// Which frames of each stack to keep, for PyTorch files (snapshots, profiler traces) and
+    /// for traces recorded with Python stacks. user: your own Python lines, module forwards
+    /// and, innermost, the operator that allocated (`aten::addmm`, under its autograd node in
+    /// backward), launchers, interpreter, libc, dispatcher and PyTorch's plumbing dropped;
+    /// viewer: what PyTorch's memory viewer shows (unwinder, interpreter and dispatcher frames
+    /// dropped); python: Python frames only; all: every frame recorded. Scopes and call sites
+    /// that poolsight records itself are always kept.
     #[arg(
         long,
         global = true,
@@ -138,6 +142,15 @@ enum Command {
     Whatif(whatif::WhatifArgs),
 }
 
+/// The names of the commands (`demo`, `info`, `functions`, ...).
+pub fn command_names() -> Vec<String> {
+    use clap::CommandFactory;
+    Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect()
+}
+
 /// Runs the command line of this process.
 pub fn main() -> ExitCode {
     ExitCode::from(run_args(std::env::args_os()))
@@ -155,16 +168,13 @@ where
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    load::set_settings(import::Settings { frames: cli.frames });
-    let code = match run(cli) {
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("poolsight: {}", one_line(&e));
             2
         }
-    };
-    load::forget_conversions();
-    code
+    }
 }
 
 /// `--help` and `--version` print as clap prints them; a usage error becomes one line on
@@ -217,24 +227,26 @@ fn one_line(e: &anyhow::Error) -> String {
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
     let mut out = std::io::stdout().lock();
+    let reading = load::Reading { frames: cli.frames };
+    let r = &reading;
     match cli.command {
-        Command::Demo(a) => demo::demo(a, &mut out)?,
-        Command::Info(a) => tables::info(a, &mut out)?,
-        Command::Functions(a) => tables::functions(a, &mut out)?,
-        Command::Lines(a) => tables::lines(a, &mut out)?,
-        Command::Timers(a) => tables::timers(a, &mut out)?,
-        Command::Epochs(a) => tables::epochs(a, &mut out)?,
-        Command::Categories(a) => tables::categories(a, &mut out)?,
-        Command::Report(a) => tables::report(a, &mut out)?,
-        Command::Oom(a) => oom::oom(a, &mut out)?,
-        Command::Flamegraph(a) => views::flamegraph(a)?,
-        Command::Timeline(a) => views::timeline(a)?,
-        Command::Html(a) => views::html(a)?,
-        Command::Export(a) => export::export(a)?,
-        Command::Diff(a) => return diff::run(a, &mut out),
-        Command::Pack(a) => export::pack(a, &mut out)?,
-        Command::Import(a) => import::import(a, import::Settings { frames: cli.frames }, &mut out)?,
-        Command::Whatif(a) => whatif::run(a, &mut out)?,
+        Command::Demo(a) => demo::demo(a, r, &mut out)?,
+        Command::Info(a) => tables::info(a, r, &mut out)?,
+        Command::Functions(a) => tables::functions(a, r, &mut out)?,
+        Command::Lines(a) => tables::lines(a, r, &mut out)?,
+        Command::Timers(a) => tables::timers(a, r, &mut out)?,
+        Command::Epochs(a) => tables::epochs(a, r, &mut out)?,
+        Command::Categories(a) => tables::categories(a, r, &mut out)?,
+        Command::Report(a) => tables::report(a, r, &mut out)?,
+        Command::Oom(a) => oom::oom(a, r, &mut out)?,
+        Command::Flamegraph(a) => views::flamegraph(a, r)?,
+        Command::Timeline(a) => views::timeline(a, r)?,
+        Command::Html(a) => views::html(a, r)?,
+        Command::Export(a) => export::export(a, r)?,
+        Command::Diff(a) => return diff::run(a, r, &mut out),
+        Command::Pack(a) => export::pack(a, r, &mut out)?,
+        Command::Import(a) => import::import(a, cli.frames, &mut out)?,
+        Command::Whatif(a) => whatif::run(a, r, &mut out)?,
     }
     out.flush()?;
     Ok(0)

@@ -9,7 +9,7 @@ use poolsight::analyzer::tables::oom::{device_name, render_table, Ooms};
 use poolsight::analyzer::ReplayOptions;
 
 use super::args::{Format, Input};
-use super::load::load_traces;
+use super::load::Reading;
 
 #[derive(Args)]
 pub struct OomArgs {
@@ -37,7 +37,7 @@ pub fn device_namer(traces: &[Trace]) -> impl Fn(u32) -> String + '_ {
     move |id| device_name(traces, id)
 }
 
-pub fn oom(args: OomArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn oom(args: OomArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.input.format != Format::Csv,
         "oom has no CSV form: use --format table or json"
@@ -46,7 +46,7 @@ pub fn oom(args: OomArgs, out: &mut impl Write) -> anyhow::Result<()> {
         categories: CategoryPass::Never,
         ..ReplayOptions::default()
     };
-    let loaded = load_traces(&args.input.traces, opts)?;
+    let loaded = r.load(&args.input.traces, opts)?;
     let ooms = ooms_of(&loaded.traces);
     match args.input.format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&ooms)?)?,

@@ -4,15 +4,15 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use poolsight::analyzer::read::info;
+use poolsight::analyzer::load::{views, Loaded};
 use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::tables::functions::{self, Unit};
 use poolsight::analyzer::tables::timers::{self, TimeUnit, Which};
-use poolsight::analyzer::tables::{categories, epochs, lines, Report, ReportOptions};
+use poolsight::analyzer::tables::{categories, epochs, info, lines, Report, ReportOptions};
 use poolsight::analyzer::ReplayOptions;
 
 use super::args::{parse_table, parse_time_unit, parse_unit, table_names, Format, Input};
-use super::load::{computed, load_traces};
+use super::load::Reading;
 use super::output::emit;
 
 #[derive(Args)]
@@ -24,7 +24,7 @@ pub struct InfoArgs {
     format: Format,
 }
 
-pub fn info(args: InfoArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn info(args: InfoArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let mut infos = Vec::new();
     for path in &args.traces {
         // As every report loads a trace: checksums checked as the replay reads each chunk,
@@ -34,7 +34,7 @@ pub fn info(args: InfoArgs, out: &mut impl Write) -> anyhow::Result<()> {
             categories: CategoryPass::Never,
             ..ReplayOptions::default()
         };
-        let loaded = load_traces(std::slice::from_ref(path), opts)?;
+        let loaded = r.load(std::slice::from_ref(path), opts)?;
         let (trace, profile) = (&loaded.traces[0], &loaded.profiles[0]);
         let mut i = info::info(trace);
         info::add_replay(&mut i, profile);
@@ -75,8 +75,8 @@ pub struct FunctionsArgs {
     with_self: bool,
 }
 
-pub fn functions(args: FunctionsArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, CategoryPass::Never, functions::functions)?;
+pub fn functions(args: FunctionsArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = r.computed(&args.input, CategoryPass::Never, functions::functions)?;
     emit(
         out,
         args.input.format,
@@ -95,8 +95,8 @@ pub struct LinesArgs {
     max_depth: usize,
 }
 
-pub fn lines(args: LinesArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, CategoryPass::Never, |p| {
+pub fn lines(args: LinesArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = r.computed(&args.input, CategoryPass::Never, |p| {
         lines::lines(p, args.max_depth)
     })?;
     emit(
@@ -124,13 +124,13 @@ pub struct TimersArgs {
     unit: TimeUnit,
 }
 
-pub fn timers(args: TimersArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn timers(args: TimersArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let which = match (args.links, args.functions) {
         (true, _) => Which::Links,
         (_, true) => Which::Functions,
         _ => Which::Both,
     };
-    let v = computed(&args.input, CategoryPass::Never, timers::timers)?;
+    let v = r.computed(&args.input, CategoryPass::Never, timers::timers)?;
     // JSON and CSV hold the table(s) asked for, as the text does.
     let shown: Vec<(String, timers::Shown)> = v
         .iter()
@@ -151,8 +151,8 @@ pub struct EpochsArgs {
     input: Input,
 }
 
-pub fn epochs(args: EpochsArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let v = computed(&args.input, CategoryPass::Never, epochs::epochs)?;
+pub fn epochs(args: EpochsArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
+    let v = r.computed(&args.input, CategoryPass::Never, epochs::epochs)?;
     emit(
         out,
         args.input.format,
@@ -173,7 +173,7 @@ pub struct CategoriesArgs {
     rules: Vec<poolsight::analyzer::replay::CategoryRule>,
 }
 
-pub fn categories(args: CategoriesArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn categories(args: CategoriesArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let opts = poolsight::analyzer::ReplayOptions {
         categories: CategoryPass::Always,
         category_rules: args.rules.into(),
@@ -181,9 +181,10 @@ pub fn categories(args: CategoriesArgs, out: &mut impl Write) -> anyhow::Result<
         live_at_peak: true,
         ..Default::default()
     };
-    let v: Vec<(String, categories::Categories)> = super::load::profiles_with(&args.input, opts)?
+    let v: Vec<(String, categories::Categories)> = r
+        .views(&args.input, opts)?
         .into_iter()
-        .map(|(name, p)| (name, categories::categories(&p)))
+        .map(|v| (v.heading, categories::categories(&v.profile)))
         .collect();
     emit(
         out,
@@ -205,7 +206,7 @@ pub struct ReportArgs {
     table: Option<&'static str>,
 }
 
-pub fn report(args: ReportArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn report(args: ReportArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let input = &args.input;
     let table = match (input.format, args.table) {
         (Format::Csv, Some(t)) => t,
@@ -223,29 +224,29 @@ pub fn report(args: ReportArgs, out: &mut impl Write) -> anyhow::Result<()> {
         live_at_peak: true,
         ..ReplayOptions::default()
     };
-    let loaded = load_traces(&input.traces, replay)?;
-    let ooms = loaded
-        .profiles
+    let Loaded {
+        traces, profiles, ..
+    } = r.load(&input.traces, replay)?;
+    let ooms = profiles
         .iter()
         .any(|p| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
-        .then(|| super::oom::ooms_of(&loaded.traces));
-    let v: Vec<(String, Report)> =
-        poolsight::analyzer::read::load::views(loaded.profiles.clone(), input.per_rank)
-            .into_iter()
-            .map(|v| (v.heading, Report::compute(&v.profile, &opts)))
-            .collect();
+        .then(|| super::oom::ooms_of(&traces));
+    let v: Vec<(String, Report)> = views(profiles, input.per_rank)
+        .into_iter()
+        .map(|v| (v.heading, Report::compute(&v.profile, &opts)))
+        .collect();
     emit(
         out,
         input.format,
         &v,
-        |r| r.render_table(&opts),
-        |r| r.render_csv(table).unwrap_or_default(),
+        |rep| rep.render_table(&opts),
+        |rep| rep.render_csv(table).unwrap_or_default(),
     )?;
     // Why it ran out of memory, after the tables, when a file holds an out-of-memory.
     if let (Format::Table, Some(ooms)) = (input.format, ooms) {
         let text = poolsight::analyzer::tables::oom::render_table(
             &ooms,
-            super::oom::device_namer(&loaded.traces),
+            super::oom::device_namer(&traces),
         );
         write!(out, "\n{text}")?;
     }

@@ -3,13 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use poolsight::analyzer::read::load::Loaded;
+use poolsight::analyzer::load::Loaded;
 use poolsight::analyzer::views::flamegraph::{self, Metric};
 use poolsight::analyzer::views::{html, timeline};
 use poolsight::analyzer::Profile;
 
 use super::args::parse_metric;
-use super::load::{load_profiles, load_with_peak};
+use super::load::Reading;
 use super::output::{names, write_file};
 
 #[derive(Args)]
@@ -27,9 +27,10 @@ pub struct FlamegraphArgs {
     title: Option<String>,
 }
 
-pub fn flamegraph(args: FlamegraphArgs) -> anyhow::Result<()> {
+pub fn flamegraph(args: FlamegraphArgs, r: &Reading) -> anyhow::Result<()> {
     let metric = args.metric;
-    let profile = Profile::merge(load_profiles(&args.traces, metric == Metric::Peak)?);
+    let inputs = r.inputs(&args.traces)?;
+    let profile = Profile::merge(r.profiles(&inputs, metric == Metric::Peak)?);
     let title = args.title.unwrap_or_else(|| {
         format!(
             "poolsight: {metric} by calling context ({})",
@@ -50,8 +51,8 @@ pub struct TimelineArgs {
     output: PathBuf,
 }
 
-pub fn timeline(args: TimelineArgs) -> anyhow::Result<()> {
-    let profile = Profile::merge(load_profiles(&args.traces, false)?);
+pub fn timeline(args: TimelineArgs, r: &Reading) -> anyhow::Result<()> {
+    let profile = Profile::merge(r.profiles(&r.inputs(&args.traces)?, false)?);
     write_file(&args.output, &timeline::timeline_svg(&profile)?)
 }
 
@@ -68,11 +69,11 @@ pub struct HtmlArgs {
     title: Option<String>,
 }
 
-pub fn html(args: HtmlArgs) -> anyhow::Result<()> {
+pub fn html(args: HtmlArgs, r: &Reading) -> anyhow::Result<()> {
     let title = args
         .title
         .unwrap_or_else(|| format!("poolsight: {}", names(&args.traces)));
-    write_html(&load_with_peak(&args.traces)?, &args.output, &title)
+    write_html(&r.load_with_peak(&args.traces)?, &args.output, &title)
 }
 
 /// Writes the HTML report of traces loaded with the bytes live at the peak.

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::import::is_pytorch_file;
-use super::load::{check_trace_path, inputs};
+use super::load::{check_trace_path, Reading};
 
 const HELP: &str = "\
 Each setting is a PYTORCH_CUDA_ALLOC_CONF string, one alternative per --setting:
@@ -193,7 +193,7 @@ struct CheckJson {
     first_mismatch: Option<String>,
 }
 
-pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn run(args: WhatifArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
     let alternatives: Vec<Settings> = args
         .settings
         .iter()
@@ -208,14 +208,14 @@ pub fn run(args: WhatifArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 .map(|t| recorded_state(t))
                 .collect::<Vec<_>>()
         });
-        let converted = inputs(&args.traces);
+        let converted = r.inputs(&args.traces);
         (converted, states.join())
     });
     let converted = converted?;
     let states = states.map_err(|_| anyhow::anyhow!("reading the allocator settings failed"))?;
     let mut reports: Vec<(String, ReportJson, Vec<String>)> = Vec::new();
     let mut checks = Vec::new();
-    for ((named, path), state) in args.traces.iter().zip(&converted).zip(states) {
+    for ((named, path), state) in args.traces.iter().zip(converted.traces()).zip(states) {
         check_trace_path(path)?;
         let (recorded, held, snapshot) = state?;
         // A converted snapshot's errors name the file as the user did.

@@ -7,8 +7,9 @@ use crate::support::scratch;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use poolsight::analyzer::read::pack::{pack, PackOptions};
-use poolsight::analyzer::read::{info, load};
+use poolsight::analyzer::export::pack::{pack, PackOptions};
+use poolsight::analyzer::load::{self, FrameFilter, LoadOptions};
+use poolsight::analyzer::tables::info;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::{replay, ReadError, Trace};
 use poolsight::recorder::{
@@ -204,7 +205,12 @@ fn assert_deferred_checks_agree(path: &Path, at: usize, bit: usize) {
         let warnings: Vec<String> = o.warnings.iter().map(|w| w.warning.to_string()).collect();
         (format!("{profile:?}"), warnings)
     });
-    let deferred = load::load(&[path], &Default::default(), |_| {}).map(|l| {
+    // As recorded, as `open_all` opens them.
+    let opts = LoadOptions {
+        frames: FrameFilter::All,
+        resolver: None,
+    };
+    let deferred = load::load(&[path], &opts, &Default::default(), |_| {}).map(|l| {
         let warnings: Vec<String> = l.warnings.iter().map(|w| w.warning.to_string()).collect();
         (format!("{:?}", l.profiles[0]), warnings)
     });

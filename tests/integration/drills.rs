@@ -7,7 +7,7 @@ use crate::support::scratch;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::{read::info, Trace};
+use poolsight::analyzer::{tables::info, Trace};
 use poolsight::recorder::{MemKind, MemRecord, Recorder, RecorderConfig, RecorderError};
 
 fn config() -> RecorderConfig {

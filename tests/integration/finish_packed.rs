@@ -6,7 +6,7 @@ use crate::support::scratch;
 
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::read::pack::{PackError, PackOptions};
+use poolsight::analyzer::export::pack::{PackError, PackOptions};
 use poolsight::analyzer::{replay, ReplayOptions, Trace};
 use poolsight::recorder::{MemKind, MemRecord, Phase, Recorder, RecorderConfig};
 use poolsight::{FinishError, FinishPacked};

@@ -5,7 +5,7 @@ use crate::support::scratch;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use poolsight::analyzer::{read::info, ChunkInfo, ChunkKind, Trace};
+use poolsight::analyzer::{tables::info, ChunkInfo, ChunkKind, Trace};
 use poolsight::recorder::{
     DeviceInfo, Frame, FrameKind, MarkKind, MemKind, MemRecord, Mode, Phase, Recorder,
     RecorderConfig,

@@ -12,6 +12,8 @@ use crate::scenarios;
 
 use crate::support::scratch;
 
+use poolsight::analyzer::tables;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -50,22 +52,37 @@ fn traces(name: &str, dir: &str) -> Vec<String> {
     }
 }
 
-/// (expected file name, arguments before the traces).
+/// The tables of the list that are commands of their own.
+fn table_commands() -> Vec<&'static str> {
+    let commands = poolsight::cli::command_names();
+    tables::names()
+        .into_iter()
+        .filter(|t| commands.iter().any(|c| c == t))
+        .collect()
+}
+
+/// (expected file name, arguments before the traces): from the list of tables, each table
+/// that is a command of its own in every format, the others as `report --format csv --table`
+/// gives them; `report`; and the seeds' options.
 fn cases(name: &str) -> Vec<(String, Vec<&'static str>)> {
+    let commands = table_commands();
     let mut c = Vec::new();
-    for cmd in ["functions", "lines", "timers", "epochs", "report"] {
-        for (fmt, ext) in [("table", "txt"), ("json", "json"), ("csv", "csv")] {
-            if cmd == "report" && fmt == "csv" {
-                continue;
+    for table in tables::names() {
+        if commands.contains(&table) {
+            for (fmt, ext) in [("table", "txt"), ("json", "json"), ("csv", "csv")] {
+                c.push((format!("{table}.{ext}"), vec![table, "--format", fmt]));
             }
-            c.push((format!("{cmd}.{ext}"), vec![cmd, "--format", fmt]));
+        } else {
+            // A CSV file holds one table: report's headline is one of them.
+            c.push((
+                format!("report-{table}.csv"),
+                vec!["report", "--format", "csv", "--table", table],
+            ));
         }
     }
-    // A CSV file holds one table: report's headline is one of its five.
-    c.push((
-        "report-summary.csv".into(),
-        vec!["report", "--format", "csv", "--table", "summary"],
-    ));
+    for (fmt, ext) in [("table", "txt"), ("json", "json")] {
+        c.push((format!("report.{ext}"), vec!["report", "--format", fmt]));
+    }
     c.push(("functions-self.txt".into(), vec!["functions", "--self"]));
     c.push((
         "functions-auto_foreach.txt".into(),
@@ -425,7 +442,7 @@ fn packed_traces_give_the_same_outputs() {
                 .map(move |(_, args)| (ts.clone(), args))
         })
         .collect();
-    for cmd in ["report", "functions", "lines", "timers", "epochs"] {
+    for cmd in table_commands().into_iter().chain(["report"]) {
         cases_of.push((vec!["demo.pstrace".into()], vec![cmd, "--format", "json"]));
     }
     cases_of.push((vec!["demo.pstrace".into()], vec!["report"]));

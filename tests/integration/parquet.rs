@@ -20,7 +20,7 @@ use poolsight::analyzer::export::dataset::{self, ExportOptions, Tables};
 use poolsight::analyzer::replay::EpochFigures;
 use poolsight::analyzer::tables::epochs::{self, EpochRow};
 use poolsight::analyzer::tables::functions::{self, FunctionRow};
-use poolsight::analyzer::{read::info, replay, ReplayOptions, Trace};
+use poolsight::analyzer::{replay, tables::info, ReplayOptions, Trace};
 
 const FIXTURES: &[&str] = &[
     "chainer_nested.pstrace",

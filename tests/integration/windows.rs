@@ -341,7 +341,8 @@ fn deferred_checksums_are_checked_by_the_replay() {
             "{split:?}: a corrupted chunk went unnoticed"
         );
     }
-    let loaded = poolsight::analyzer::read::load::load(&[&bad], &opts, |_| {}).unwrap();
+    let loaded =
+        poolsight::analyzer::load::load(&[&bad], &Default::default(), &opts, |_| {}).unwrap();
     assert!(
         loaded
             .warnings

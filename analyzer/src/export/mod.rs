@@ -16,10 +16,13 @@
 //! scope opened and closed within its parent stays within it after conversion.
 //!
 //! - [`dataset`]: the Parquet dataset of many runs and ranks, for SQL engines.
+//! - [`pack`]: the packed form of a trace (its event chunks encoded as columns and compressed),
+//!   which every command reads as it reads the live file.
 
 mod chrome;
 pub mod dataset;
 mod jsonl;
+pub mod pack;
 
 use std::borrow::Cow;
 use std::io::{self, Write};

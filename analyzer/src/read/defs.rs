@@ -2,7 +2,6 @@
 //! definitions chunks, and its footer.
 
 use poolsight_schema::fb;
-use poolsight_schema::kinds::DeviceKind;
 
 use super::trace::Trace;
 use super::types::{ChunkKind, Defs, DeviceDef, Footer, FrameDef, ThreadDef, Warning};
@@ -101,17 +100,6 @@ fn merge_defs(defs: &mut Defs, d: &fb::Defs<'_>) {
         });
     }
     for dev in d.devices().into_iter().flatten() {
-        defs.devices.push(device_def(&dev));
-    }
-}
-
-pub(super) fn device_def(d: &fb::DeviceDef<'_>) -> DeviceDef {
-    DeviceDef {
-        id: d.id(),
-        name: d.name().unwrap_or("").to_owned(),
-        capacity: d.capacity(),
-        allocation_unit: d.allocation_unit(),
-        kind: DeviceKind::try_from(d.kind()).unwrap_or(DeviceKind::Unspecified),
-        observed: d.observed(),
+        defs.devices.push(DeviceDef::read(&dev));
     }
 }

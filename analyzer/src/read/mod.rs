@@ -23,17 +23,15 @@
 //! - `verify`: the checks every chunk passes before anything reads it;
 //! - `defs`: merging the definitions chunks (strings, frames, stacks, threads, devices);
 //! - `pages`: giving pages back to the kernel, so a pass keeps little resident;
-//! - [`packed`] and [`pack`]: packed traces, read and written;
-//! - [`load`]: opening the traces of one job together; [`incomplete`]: whether a run is whole
-//!   enough to compare; [`info`]: what `poolsight info` says of a file; [`names`]: the stable
-//!   names of kinds in every output.
+//! - [`packed`]: the columns of packed event chunks, decoded (and encoded, for the packer);
+//! - [`names`]: the stable names of kinds in every output.
+//!
+//! Opening the traces of one job together, replaying them and converting other tools' files is
+//! the loading step ([`crate::load`]); writing a packed copy is an export
+//! ([`crate::export::pack`]).
 
 mod defs;
-pub mod incomplete;
-pub mod info;
-pub mod load;
 pub mod names;
-pub mod pack;
 pub mod packed;
 mod pages;
 mod trace;

@@ -37,12 +37,23 @@ pub struct Trace {
     /// Per chunk, whether its deferred checksum was checked and held (see
     /// [`Trace::open_deferred`]); empty when nothing was deferred.
     crc_checked: Vec<AtomicBool>,
+    /// What the stack ids of the events read are (see [`Trace::renumber_stacks`]); `None`: as
+    /// in the file.
+    stack_ids: Option<Box<[u32]>>,
 }
 
 impl Trace {
     pub fn open(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, file, map, false)
+        let path = path.as_ref();
+        Self::open_named(path, path, false)
+    }
+
+    /// [`Trace::open`] of the file at `file` (with `deferred`, [`Trace::open_deferred`]), named
+    /// `name` in its [`Trace::path`] and in its errors: a trace converted from a file the user
+    /// named (a PyTorch snapshot) reads as that file.
+    pub fn open_named(file: &Path, name: &Path, deferred: bool) -> Result<Trace, ReadError> {
+        let (file, map) = map_file(file, name)?;
+        Self::from_map(name.to_path_buf(), file, map, deferred)
     }
 
     /// [`Trace::open`], except that the checksums of sealed event chunks are not checked here
@@ -50,12 +61,12 @@ impl Trace {
     /// over the file instead of two. Everything else is verified as `open` verifies it, so
     /// reading the trace is as safe; but until [`Trace::checksums_hold`] says so, a corrupted
     /// chunk's events may have been read as if they were sound. Use it only as
-    /// [`crate::read::load::load`] does: replay, then, unless every checksum held, open the file
+    /// [`crate::load`] does: replay, then, unless every checksum held, open the file
     /// again with `open` (which names the corrupted chunks and leaves them out) and replay
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
-        let (path, file, map) = map_file(path.as_ref())?;
-        Self::from_map(path, file, map, true)
+        let path = path.as_ref();
+        Self::open_named(path, path, true)
     }
 
     /// Checks a chunk's deferred checksum (nothing for a chunk whose checksum was checked at
@@ -153,6 +164,7 @@ impl Trace {
             warnings,
             decode_failures: Mutex::new(Vec::new()),
             crc_checked: Vec::new(),
+            stack_ids: None,
         };
         if trace.chunks.iter().any(|c| c.crc_deferred) {
             trace.crc_checked = trace
@@ -188,36 +200,79 @@ impl Trace {
 
     /// Memory events of a `Mem` chunk, in place or decoded (empty for other kinds).
     pub fn mem_events(&self, c: &ChunkInfo) -> Events<'_, fb::MemEvent> {
-        if c.packed {
-            return self.decode(c, Packed::Mem, packed::decode_mem);
-        }
-        let events = self
-            .chunk_root(c)
-            .body_as_mem_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        let events = self.events(c, Packed::Mem, packed::decode_mem, |b| {
+            b.body_as_mem_events().and_then(|b| b.events())
+        });
+        self.renumbered(events, |e, id| e.set_stack(id(e.stack())))
     }
 
     pub fn scope_events(&self, c: &ChunkInfo) -> Events<'_, fb::ScopeEvent> {
-        if c.packed {
-            return self.decode(c, Packed::Scope, packed::decode_scope);
-        }
-        let events = self
-            .chunk_root(c)
-            .body_as_scope_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        let events = self.events(c, Packed::Scope, packed::decode_scope, |b| {
+            b.body_as_scope_events().and_then(|b| b.events())
+        });
+        // Stack 0 marks a rebase (its `duration` is the new base), not a scope.
+        self.renumbered(events, |e, id| {
+            if e.stack() != 0 {
+                e.set_stack(id(e.stack()))
+            }
+        })
     }
 
     pub fn mark_events(&self, c: &ChunkInfo) -> Events<'_, fb::MarkEvent> {
+        let events = self.events(c, Packed::Mark, packed::decode_mark, |b| {
+            b.body_as_mark_events().and_then(|b| b.events())
+        });
+        // Only a raised call's mark names a stack (its `aux`).
+        self.renumbered(events, |e, id| {
+            if e.kind() == fb::MarkKind::ScopeAbort {
+                e.set_aux(id(e.aux()))
+            }
+        })
+    }
+
+    /// The events of chunk `c`: decoded from a packed chunk of `kind`, else in place in the
+    /// vector `body` finds in the chunk.
+    fn events<'a, T>(
+        &'a self,
+        c: &ChunkInfo,
+        kind: Packed,
+        decode: fn(&[u8], u32) -> Result<Vec<T>, packed::DecodeError>,
+        body: impl FnOnce(fb::Chunk<'a>) -> Option<flatbuffers::Vector<'a, T>>,
+    ) -> Events<'a, T> {
         if c.packed {
-            return self.decode(c, Packed::Mark, packed::decode_mark);
+            return self.decode(c, kind, decode);
         }
-        let events = self
-            .chunk_root(c)
-            .body_as_mark_events()
-            .and_then(|b| b.events());
-        Events::Mapped(vector_slice(events))
+        Events::Mapped(vector_slice(body(self.chunk_root(c))))
+    }
+
+    /// Shows the trace through other definitions: from now on `defs` are its definitions and
+    /// an event read with stack `s` carries stack `ids[s]` (ids past the end of `ids` as they
+    /// are). The loading step shows a trace's stacks through a view of their frames this way
+    /// (`--frames`), where dropping frames makes several stacks one. The file is untouched;
+    /// the events of a renumbered trace are copied out of the mapping as they are read.
+    pub fn renumber_stacks(&mut self, defs: Defs, ids: Vec<u32>) {
+        self.defs = defs;
+        self.stack_ids = Some(ids.into_boxed_slice());
+    }
+
+    /// `events` with their stacks renumbered by `set` (see [`Trace::renumber_stacks`]).
+    fn renumbered<'a, T: Copy>(
+        &self,
+        events: Events<'a, T>,
+        set: impl Fn(&mut T, &dyn Fn(u32) -> u32),
+    ) -> Events<'a, T> {
+        let Some(ids) = &self.stack_ids else {
+            return events;
+        };
+        let id = |s: u32| ids.get(s as usize).copied().unwrap_or(s);
+        let mut v = match events {
+            Events::Mapped(s) => s.to_vec(),
+            Events::Decoded(v) => v,
+        };
+        for e in &mut v {
+            set(e, &id);
+        }
+        Events::Decoded(v)
     }
 
     /// Decodes a packed chunk of `kind`; a failure is remembered as a warning (see
@@ -327,7 +382,7 @@ impl Trace {
 
     /// Whether the writer finished the file: its footer is sealed (docs/format.md, "The
     /// footer and finished"). Chunks lost since, or events it dropped, do not change that;
-    /// they make the run incomplete (see [`crate::read::incomplete`]).
+    /// they make the run incomplete (see [`crate::load::incomplete`]).
     pub fn finished(&self) -> bool {
         self.footer.is_some()
     }
@@ -375,15 +430,15 @@ fn vector_slice<T>(v: Option<flatbuffers::Vector<'_, T>>) -> &[T] {
     }
 }
 
-/// The file mapped read-only.
+/// The file mapped read-only; errors name it `name`.
 ///
 /// The file is locked for reading first (poolsight_schema::lock), and stays locked while the
 /// returned `File` is open: a recorder finishing it meanwhile does not trim the file under the
 /// mapping, which would kill this process with SIGBUS; a second recording never truncates a
 /// file, it replaces it with a new one.
-fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
+fn map_file(path: &Path, name: &Path) -> Result<(File, Mmap), ReadError> {
     let io = |source| ReadError::Io {
-        path: path.to_path_buf(),
+        path: name.to_path_buf(),
         source,
     };
     let file = File::open(path).map_err(io)?;
@@ -396,7 +451,7 @@ fn map_file(path: &Path) -> Result<(PathBuf, File, Mmap), ReadError> {
     // SAFETY: the mapping is read-only, and with the reading lock held no poolsight process
     // shortens the file (see above); a program that is not poolsight could still truncate it.
     let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-    Ok((path.to_path_buf(), file, map))
+    Ok((file, map))
 }
 
 /// How long an open waits for a finishing recorder's trim (a few ms at most).

@@ -7,8 +7,10 @@ use std::fmt;
 use std::ops::Deref;
 use std::path::PathBuf;
 
-use poolsight_schema::kinds::DeviceKind;
 use poolsight_schema::{fb, PreludeError};
+
+/// The header, its devices and an import's origin, as the format defines them.
+pub use poolsight_schema::header::{Device as DeviceDef, Header, Import};
 
 /// Why a file could not be read at all.
 #[derive(Debug, thiserror::Error)]
@@ -64,18 +66,6 @@ pub struct ChunkInfo {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceDef {
-    pub id: u32,
-    pub name: String,
-    pub capacity: u64,
-    pub allocation_unit: u64,
-    /// What memory the device's events are about (`Unspecified` before format 1.4).
-    pub kind: DeviceKind,
-    /// The events observe an allocator from outside: no pool, acquired follows used.
-    pub observed: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadDef {
     pub id: u32,
     pub os_tid: u64,
@@ -106,45 +96,6 @@ impl Defs {
     pub fn string(&self, id: u32) -> &str {
         self.strings.get(&id).map(String::as_str).unwrap_or("?")
     }
-}
-
-#[derive(Debug, Clone)]
-pub struct Header {
-    pub format_major: u16,
-    pub format_minor: u16,
-    pub writer: String,
-    pub ticks0: u64,
-    pub mono_ns: u64,
-    pub unix_ns: u64,
-    pub ticks_per_ns: f64,
-    pub pid: u32,
-    pub host: String,
-    pub command_line: Vec<String>,
-    pub rank: Option<u32>,
-    pub world_size: Option<u32>,
-    pub ring: Option<u32>,
-    pub chunk_size: u32,
-    pub cpu_source: fb::CpuSource,
-    /// Devices named in the header (more may come in definitions chunks).
-    pub devices: Vec<DeviceDef>,
-    /// A packed trace (format 1.2): no ring slots, event chunks may be packed.
-    pub packed: bool,
-    /// Format 1.5: what `poolsight import` converted this trace from.
-    pub import: Option<Import>,
-}
-
-/// Where an imported trace came from (`Header.import`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Import {
-    /// `pytorch-snapshot` or `torch-profiler`.
-    pub kind: String,
-    pub path: String,
-    pub bytes: u64,
-    pub entries: u64,
-    /// The snapshot's trace ring had overflowed (its oldest entries are gone).
-    pub overflowed: bool,
-    /// What could not be mapped, one line each.
-    pub unmapped: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy)]

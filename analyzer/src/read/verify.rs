@@ -7,9 +7,8 @@ use poolsight_schema::{
     HEADER_CRC_LEN, HEADER_CRC_MINOR, PRELUDE_LEN,
 };
 
-use super::defs::device_def;
 use super::packed::{self, Packed};
-use super::types::{ChunkInfo, ChunkKind, Footer, Header, Import, Warning};
+use super::types::{ChunkInfo, ChunkKind, Footer, Header, Warning};
 use super::walk::MIN_CHUNK_LEN;
 use super::{MIN_PREFIXED_LEN, VERIFIER};
 
@@ -67,45 +66,7 @@ pub(super) fn read_header(
             ),
         ));
     }
-    let clock = h.clock().copied().unwrap_or_default();
-    Ok(Header {
-        format_major: prelude.major,
-        format_minor: prelude.minor,
-        writer: h.writer().unwrap_or("").to_owned(),
-        ticks0: clock.ticks0(),
-        mono_ns: clock.mono_ns(),
-        unix_ns: clock.unix_ns(),
-        ticks_per_ns: clock.ticks_per_ns(),
-        pid: h.pid(),
-        host: h.host().unwrap_or("").to_owned(),
-        command_line: h
-            .command_line()
-            .map(|v| v.iter().map(str::to_owned).collect())
-            .unwrap_or_default(),
-        rank: h.rank(),
-        world_size: h.world_size(),
-        ring: (h.mode() == fb::Mode::Ring).then_some(h.ring_slots()),
-        chunk_size: h.chunk_size(),
-        cpu_source: h.cpu_source(),
-        packed: h.packed(),
-        import: h.import().map(|i| Import {
-            kind: i.kind().unwrap_or("").to_owned(),
-            path: i.path().unwrap_or("").to_owned(),
-            bytes: i.bytes(),
-            entries: i.entries(),
-            overflowed: i.overflowed(),
-            unmapped: i
-                .unmapped()
-                .map(|v| v.iter().map(str::to_owned).collect())
-                .unwrap_or_default(),
-        }),
-        devices: h
-            .devices()
-            .into_iter()
-            .flatten()
-            .map(|d| device_def(&d))
-            .collect(),
-    })
+    Ok(Header::read(&h, prelude.major, prelude.minor))
 }
 
 /// Whether a chunk's checksum holds (by the rule of the file's format minor version).

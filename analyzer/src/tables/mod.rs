@@ -2,7 +2,8 @@
 //! [`summary`] (the headline), [`functions`] (Chainer's `CupyMemoryProfileHook`), [`lines`]
 //! (CuPy's `LineProfileHook`), [`timers`] (Chainer's link and function `TimerHook`), [`epochs`]
 //! (fastai's `PeakMemMetric`), [`categories`] (PyTorch's `MemTracker`: bytes by memory category
-//! and by module).
+//! and by module); [`info`], what a file holds, is computed from the file itself and is not in
+//! the list (see its documentation).
 //!
 //! Each is one file implementing [`Table`]: how it is computed, printed (table and CSV; JSON is
 //! its `Serialize`), compared by `diff` ([`Table::FIGURES`]), written to the Parquet dataset
@@ -17,6 +18,7 @@ pub mod csv;
 pub mod epochs;
 mod figures;
 pub mod functions;
+pub mod info;
 pub mod lines;
 pub mod oom;
 pub mod peak;

@@ -56,13 +56,7 @@ pub(super) struct Stacks {
 impl Stacks {
     pub(super) fn new(filter: FrameFilter, t: &Tables, s: &Store<Made>) -> Stacks {
         let prefix = if filter == FrameFilter::User {
-            crate::frames::common_dir(
-                (0..t.frames.len() as u32)
-                    .map(|f| raw_frame(t, s, f).1)
-                    .filter(|f| {
-                        f.starts_with('/') && crate::frames::is_user_file(f) && f.ends_with(".py")
-                    }),
-            )
+            crate::frames::user_prefix((0..t.frames.len() as u32).map(|f| raw_frame(t, s, f).1))
         } else {
             String::new()
         };

@@ -12,7 +12,7 @@ use poolsight_schema::{align8, fb};
 
 use super::chunk::write_sealed;
 use super::Shared;
-use crate::kinds::{DeviceKind, FrameKind, Phase};
+use crate::kinds::{FrameKind, Phase};
 use poolsight_schema::finish_chunk;
 
 /// A frame as the trace stores it: `file:line:name`, plus what opened it.
@@ -25,35 +25,8 @@ pub struct Frame {
     pub name: String,
 }
 
-/// A device as the trace's readers see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceInfo {
-    pub id: u32,
-    pub name: String,
-    pub capacity: u64,
-    /// The pool's rounding unit (512 for the CuPy-style pool).
-    pub allocation_unit: u64,
-    /// What memory the events are about: reports use the words that fit (`Unspecified`, the
-    /// default, for a pool's device: they speak of a GPU pool).
-    pub kind: DeviceKind,
-    /// True when the events observe an allocator from outside, with no pool of poolsight's
-    /// (each block acquired when allocated, released when freed).
-    pub observed: bool,
-}
-
-impl DeviceInfo {
-    /// A pool's device: `Unspecified` kind, not observed.
-    pub fn pool(id: u32, name: impl Into<String>, capacity: u64, allocation_unit: u64) -> Self {
-        DeviceInfo {
-            id,
-            name: name.into(),
-            capacity,
-            allocation_unit,
-            kind: DeviceKind::Unspecified,
-            observed: false,
-        }
-    }
-}
+/// A device as the trace's readers see it (the format's one definition).
+pub use poolsight_schema::header::Device as DeviceInfo;
 
 #[derive(Default)]
 pub(crate) struct Interner {
@@ -222,11 +195,7 @@ impl Shared {
                 )
             })
             .collect();
-        let devices: Vec<_> = p
-            .devices
-            .iter()
-            .map(|d| build_device(&mut fbb, d))
-            .collect();
+        let devices: Vec<_> = p.devices.iter().map(|d| d.build(&mut fbb)).collect();
         let strings = fbb.create_vector(&strings);
         let frames = fbb.create_vector(&p.frames);
         let stacks = fbb.create_vector(&p.stacks);
@@ -251,22 +220,4 @@ impl Shared {
             None => self.count_dropped(1),
         }
     }
-}
-
-pub(crate) fn build_device<'a>(
-    fbb: &mut FlatBufferBuilder<'a>,
-    d: &DeviceInfo,
-) -> flatbuffers::WIPOffset<fb::DeviceDef<'a>> {
-    let name = fbb.create_string(&d.name);
-    fb::DeviceDef::create(
-        fbb,
-        &fb::DeviceDefArgs {
-            id: d.id,
-            name: Some(name),
-            capacity: d.capacity,
-            allocation_unit: d.allocation_unit,
-            kind: d.kind.into(),
-            observed: d.observed,
-        },
-    )
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use flatbuffers::FlatBufferBuilder;
+use poolsight_schema::header::Header;
 use poolsight_schema::{align8, data_offset, fb, finish_chunk, header_region};
 
 pub use defs::{DeviceInfo, Frame};
@@ -84,18 +85,8 @@ pub enum ClockSource {
     Explicit { unix_ns: u64 },
 }
 
-/// What a converted trace came from (`Header.import`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ImportInfo {
-    /// `pytorch-snapshot` or `torch-profiler`.
-    pub kind: String,
-    pub path: String,
-    pub bytes: u64,
-    pub entries: u64,
-    pub overflowed: bool,
-    /// What could not be mapped, one line each.
-    pub unmapped: Vec<String>,
-}
+/// What a converted trace came from (`Header.import`; the format's one definition).
+pub use poolsight_schema::header::Import as ImportInfo;
 
 impl Default for RecorderConfig {
     fn default() -> Self {
@@ -448,67 +439,38 @@ impl Handle {
 }
 
 fn build_header(config: &RecorderConfig, cal: &Calibration) -> Vec<u8> {
-    let mut fbb = FlatBufferBuilder::with_capacity(1024);
-    let writer = fbb.create_string(concat!("poolsight-recorder ", env!("CARGO_PKG_VERSION")));
-    let host = fbb.create_string(&hostname());
-    let args: Vec<String> = config
-        .command_line
-        .clone()
-        .unwrap_or_else(|| std::env::args().collect());
-    let args: Vec<_> = args.iter().map(|a| fbb.create_string(a)).collect();
-    let command_line = fbb.create_vector(&args);
-    let devices: Vec<_> = config
-        .devices
-        .iter()
-        .map(|d| defs::build_device(&mut fbb, d))
-        .collect();
-    let devices = fbb.create_vector(&devices);
-    let import = config.import.as_ref().map(|i| {
-        poolsight_schema::build_import(
-            &mut fbb,
-            &poolsight_schema::ImportFields {
-                kind: &i.kind,
-                path: &i.path,
-                bytes: i.bytes,
-                entries: i.entries,
-                overflowed: i.overflowed,
-                unmapped: &i.unmapped,
-            },
-        )
-    });
-    let clock = fb::Clock::new(cal.ticks, cal.mono_ns, cal.unix_ns, cal.ticks_per_ns);
-    let (mode, ring_slots) = match config.mode {
-        Mode::Grow => (fb::Mode::Grow, 0),
-        Mode::Ring { slots } => (fb::Mode::Ring, slots),
-    };
-    let header = fb::Header::create(
-        &mut fbb,
-        &fb::HeaderArgs {
-            format_major: poolsight_schema::FORMAT_MAJOR,
-            format_minor: poolsight_schema::FORMAT_MINOR,
-            writer: Some(writer),
-            clock: Some(&clock),
-            pid: std::process::id(),
-            host: Some(host),
-            command_line: Some(command_line),
-            rank: config.rank,
-            world_size: config.world_size,
-            devices: Some(devices),
-            mode,
-            chunk_size: config.chunk_size,
-            ring_slots,
-            cpu_source: match config.cpu_source {
-                CpuSource::None => fb::CpuSource::None,
-                CpuSource::Heap => fb::CpuSource::Heap,
-                CpuSource::Rss => fb::CpuSource::Rss,
-                CpuSource::Tracemalloc => fb::CpuSource::Tracemalloc,
-            },
-            packed: false,
-            import,
+    Header {
+        format_major: poolsight_schema::FORMAT_MAJOR,
+        format_minor: poolsight_schema::FORMAT_MINOR,
+        writer: concat!("poolsight-recorder ", env!("CARGO_PKG_VERSION")).into(),
+        ticks0: cal.ticks,
+        mono_ns: cal.mono_ns,
+        unix_ns: cal.unix_ns,
+        ticks_per_ns: cal.ticks_per_ns,
+        pid: std::process::id(),
+        host: hostname(),
+        command_line: config
+            .command_line
+            .clone()
+            .unwrap_or_else(|| std::env::args().collect()),
+        rank: config.rank,
+        world_size: config.world_size,
+        ring: match config.mode {
+            Mode::Grow => None,
+            Mode::Ring { slots } => Some(slots),
         },
-    );
-    fb::finish_size_prefixed_header_buffer(&mut fbb, header);
-    fbb.finished_data().to_vec()
+        chunk_size: config.chunk_size,
+        cpu_source: match config.cpu_source {
+            CpuSource::None => fb::CpuSource::None,
+            CpuSource::Heap => fb::CpuSource::Heap,
+            CpuSource::Rss => fb::CpuSource::Rss,
+            CpuSource::Tracemalloc => fb::CpuSource::Tracemalloc,
+        },
+        devices: config.devices.clone(),
+        packed: false,
+        import: config.import.clone(),
+    }
+    .encode()
 }
 
 fn hostname() -> String {

@@ -135,6 +135,12 @@ pub fn open<P: AsRef<Path> + Sync>(
         .par_iter()
         .map(Trace::open)
         .collect::<Result<Vec<Trace>, ReadError>>()?;
+    checked(traces, allow_incomplete)
+}
+
+/// Opened traces as [`open`] takes them: the same file given twice, and unless
+/// `allow_incomplete` a trace with damaged parts, refused.
+pub fn checked(traces: Vec<Trace>, allow_incomplete: bool) -> Result<Vec<Trace>, ExportError> {
     for (i, a) in traces.iter().enumerate() {
         if let Some(w) = a.warnings.first().filter(|_| !allow_incomplete) {
             return Err(ExportError::Damaged {
@@ -143,7 +149,7 @@ pub fn open<P: AsRef<Path> + Sync>(
             });
         }
         for b in &traces[..i] {
-            if crate::read::load::same_recording(&a.header, &b.header) {
+            if crate::load::same_recording(&a.header, &b.header) {
                 return Err(ExportError::SameTrace {
                     first: b.path.clone(),
                     second: a.path.clone(),

@@ -1,5 +1,9 @@
 //! `poolsight info`: what a trace holds — header, duration, events by kind, threads, devices,
 //! and what was lost (dropped events, torn chunks, a writer that never finished).
+//!
+//! Not in the list of tables: `info` describes a file as stored (its header, chunks and events
+//! by kind), so it is computed from the [`Trace`] and one trace at a time, where every table of
+//! `report` is a function of a replayed (and possibly merged) [`Profile`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -8,10 +12,10 @@ use poolsight_schema::fb;
 use rayon::prelude::*;
 use serde::Serialize;
 
+use super::render::{humanized, seconds_or_ms};
 use crate::read::names::{event_keys, mark_kind_name, mem_kind_name, scope_event_name, FrameKind};
 use crate::read::{ChunkInfo, ChunkKind, Import, Trace};
 use crate::replay::{Memory, MemoryKind, PoolFigures, Profile};
-use crate::tables::render::{humanized, seconds_or_ms};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadInfo {
@@ -83,7 +87,7 @@ pub struct Info {
 pub fn add_replay(info: &mut Info, profile: &Profile) {
     if let Some(s) = profile.sources.first() {
         info.pool = Some(s.pool.clone());
-        info.incomplete = crate::read::incomplete::problems(s);
+        info.incomplete = crate::load::incomplete::problems(s);
         info.epochs = Some(s.epochs.len());
     }
 }
@@ -475,5 +479,5 @@ pub fn render_csv(infos: &[Info]) -> String {
             warnings: i.warnings.join("; "),
         })
         .collect();
-    crate::tables::csv::to_csv(&rows)
+    super::csv::to_csv(&rows)
 }

@@ -1,47 +1,9 @@
-//! Loading: opening the traces of one job (its ranks), putting them in a fixed order, replaying
-//! them, and the views the reports are computed from (merged, or one per rank). Every front end
-//! (the CLI, bindings) loads through here, so that the same files give the same report.
-//!
-//! Nothing here prints: what was wrong with part of a file comes back as [`LoadWarning`]s, and
-//! replay progress as a byte counter ([`ReplayOptions::progress`]) plus the total it counts up
-//! to, handed to a callback before the replay starts.
+//! Opening the traces of one job together: in a fixed order (by rank, then path), refusing a
+//! trace given twice and the same rank of one run twice, and warning of ranks of different runs
+//! and of ranks missing from a world size.
 
-use std::fmt;
-use std::path::{Path, PathBuf};
-
-use crate::read::{Header, ReadError, Trace, Warning};
-use crate::replay::{progress_total, replay, Profile, ReplayOptions};
-
-/// Why traces could not be loaded together.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    /// One file named twice (or two copies of it): merging would double every figure.
-    #[error("{} and {} are the same trace: each file of a job can be given once", first.display(), second.display())]
-    SameTrace { first: PathBuf, second: PathBuf },
-    /// Two traces claim the same rank of one run.
-    #[error("{} and {} are both rank {rank} of the same run: give each rank once", first.display(), second.display())]
-    SameRank {
-        first: PathBuf,
-        second: PathBuf,
-        rank: u32,
-    },
-}
-
-/// A damaged part of one trace that did not stop the rest from being read, or something
-/// about the set of traces merged (ranks of different runs, a missing rank).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadWarning {
-    pub path: PathBuf,
-    pub warning: Warning,
-}
-
-impl fmt::Display for LoadWarning {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path.display(), self.warning)
-    }
-}
+use super::{Input, LoadError, LoadWarning};
+use crate::read::{Header, Trace, Warning};
 
 /// Missing ranks a warning names; it counts the rest.
 const MISSING_RANKS_NAMED: usize = 32;
@@ -52,24 +14,20 @@ pub struct Opened {
     pub warnings: Vec<LoadWarning>,
 }
 
-/// Opens the traces, ordered by rank then path, so that the same files give the same output
-/// whatever order they were named in. Warnings are in the order the paths were named.
+/// Opens the inputs' traces (with `deferred`, their event chunks' checksums left to the
+/// replay), ordered by rank then path, so that the same files give the same output whatever
+/// order they were named in. Warnings are in the order the paths were named.
 ///
 /// The same file twice (by its header: process, host and start time), or the same rank of
 /// one run twice, is an error; ranks of different runs (another command line or world size)
 /// and ranks missing from a world size are warnings.
-pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, LoadError> {
-    open_with(paths, |p| Trace::open(p))
-}
-
-/// [`open_all`], each trace opened by `open`.
-fn open_with<P: AsRef<Path>>(
-    paths: &[P],
-    open: fn(&Path) -> Result<Trace, ReadError>,
+pub(super) fn open<'a>(
+    inputs: impl IntoIterator<Item = &'a Input>,
+    deferred: bool,
 ) -> Result<Opened, LoadError> {
-    let mut traces = Vec::with_capacity(paths.len());
-    for p in paths {
-        traces.push(open(p.as_ref())?);
+    let mut traces = Vec::new();
+    for input in inputs {
+        traces.push(input.open(deferred)?);
     }
     check_duplicates(&traces)?;
     let mut warnings: Vec<LoadWarning> = traces
@@ -188,89 +146,6 @@ fn set_warnings(traces: &[Trace]) -> Vec<LoadWarning> {
         }
     }
     out
-}
-
-/// Replays opened traces in their order; each trace's index is its position, which orders
-/// first-seen rows across merged traces. `on_start` gets the total that
-/// [`ReplayOptions::progress`] will count up to, before any work.
-pub fn replay_all(
-    traces: &[Trace],
-    opts: &ReplayOptions,
-    on_start: impl FnOnce(u64),
-) -> Vec<Profile> {
-    on_start(traces.iter().map(|t| progress_total(t, opts)).sum());
-    traces
-        .iter()
-        .enumerate()
-        .map(|(i, t)| replay(t, i as u32, opts))
-        .collect()
-}
-
-/// Opened and replayed traces: the profiles in the traces' order.
-pub struct Loaded {
-    pub traces: Vec<Trace>,
-    pub profiles: Vec<Profile>,
-    pub warnings: Vec<LoadWarning>,
-}
-
-/// Opens and replays the traces (see [`open_all`] and [`replay_all`]).
-pub fn load<P: AsRef<Path>>(
-    paths: &[P],
-    opts: &ReplayOptions,
-    on_start: impl FnOnce(u64),
-) -> Result<Loaded, LoadError> {
-    // Checksums are checked as the replay reads each chunk (one pass over the file, not two).
-    let Opened { traces, warnings } = open_with(paths, |p| Trace::open_deferred(p))?;
-    let profiles = replay_all(&traces, opts, on_start);
-    if traces.iter().all(Trace::checksums_hold) {
-        return Ok(Loaded {
-            traces,
-            profiles,
-            warnings,
-        });
-    }
-    // A chunk was corrupted: open the files again, every checksum checked first, so that the
-    // corrupted chunks are named and left out, and replay what remains.
-    let Opened { traces, warnings } = open_all(paths)?;
-    let opts = ReplayOptions {
-        progress: None,
-        ..opts.clone()
-    };
-    let profiles = replay_all(&traces, &opts, |_| {});
-    Ok(Loaded {
-        traces,
-        profiles,
-        warnings,
-    })
-}
-
-/// A profile to report on, with the heading it is printed under (empty for the merged one).
-pub struct View {
-    pub heading: String,
-    pub profile: Profile,
-}
-
-/// The merged profile, or with `per_rank` and several profiles one per trace, headed by its
-/// rank and path.
-pub fn views(profiles: Vec<Profile>, per_rank: bool) -> Vec<View> {
-    if per_rank && profiles.len() > 1 {
-        profiles
-            .into_iter()
-            .map(|profile| {
-                let s = &profile.sources[0];
-                let heading = match s.rank {
-                    Some(r) => format!("rank {r} ({})", s.path),
-                    None => s.path.clone(),
-                };
-                View { heading, profile }
-            })
-            .collect()
-    } else {
-        vec![View {
-            heading: String::new(),
-            profile: Profile::merge(profiles),
-        }]
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use poolsight_schema::{
 use rayon::prelude::*;
 
 use crate::read::packed::{self, Encoder};
-use crate::read::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
+use crate::read::{ChunkInfo, ChunkKind, Header, ReadError, Trace, Warning};
 
 /// How to pack.
 #[derive(Debug, Clone)]
@@ -392,76 +392,13 @@ fn footer_chunk(trace: &Trace, data_end: u64) -> Vec<u8> {
     bytes
 }
 
-/// The input's header, as format 1.2 with `packed` set.
+/// The input's header, in the current format with `packed` set.
 fn build_header(trace: &Trace) -> Vec<u8> {
-    let h = &trace.header;
-    let mut fbb = FlatBufferBuilder::with_capacity(1024);
-    let writer = fbb.create_string(&h.writer);
-    let host = fbb.create_string(&h.host);
-    let args: Vec<_> = h
-        .command_line
-        .iter()
-        .map(|a| fbb.create_string(a))
-        .collect();
-    let command_line = fbb.create_vector(&args);
-    let devices: Vec<_> = h
-        .devices
-        .iter()
-        .map(|d| {
-            let name = fbb.create_string(&d.name);
-            fb::DeviceDef::create(
-                &mut fbb,
-                &fb::DeviceDefArgs {
-                    id: d.id,
-                    name: Some(name),
-                    capacity: d.capacity,
-                    allocation_unit: d.allocation_unit,
-                    kind: d.kind.into(),
-                    observed: d.observed,
-                },
-            )
-        })
-        .collect();
-    let devices = fbb.create_vector(&devices);
-    let import = h.import.as_ref().map(|i| {
-        poolsight_schema::build_import(
-            &mut fbb,
-            &poolsight_schema::ImportFields {
-                kind: &i.kind,
-                path: &i.path,
-                bytes: i.bytes,
-                entries: i.entries,
-                overflowed: i.overflowed,
-                unmapped: &i.unmapped,
-            },
-        )
-    });
-    let clock = fb::Clock::new(h.ticks0, h.mono_ns, h.unix_ns, h.ticks_per_ns);
-    let header = fb::Header::create(
-        &mut fbb,
-        &fb::HeaderArgs {
-            format_major: FORMAT_MAJOR,
-            format_minor: FORMAT_MINOR,
-            writer: Some(writer),
-            clock: Some(&clock),
-            pid: h.pid,
-            host: Some(host),
-            command_line: Some(command_line),
-            rank: h.rank,
-            world_size: h.world_size,
-            devices: Some(devices),
-            mode: if h.ring.is_some() {
-                fb::Mode::Ring
-            } else {
-                fb::Mode::Grow
-            },
-            chunk_size: h.chunk_size,
-            ring_slots: h.ring.unwrap_or(0),
-            cpu_source: h.cpu_source,
-            packed: true,
-            import,
-        },
-    );
-    fb::finish_size_prefixed_header_buffer(&mut fbb, header);
-    fbb.finished_data().to_vec()
+    Header {
+        format_major: FORMAT_MAJOR,
+        format_minor: FORMAT_MINOR,
+        packed: true,
+        ..trace.header.clone()
+    }
+    .encode()
 }
