@@ -661,7 +661,7 @@ fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, 
     use poolsight::analyzer::{load, views::flamegraph};
     // Loaded as `poolsight report` loads it: PyTorch files converted, the user's frames.
     let opts = load::LoadOptions {
-        frames: load::FrameFilter::User,
+        frames: None,
         resolver: Some(&poolsight::cli::PyTorchFiles { progress: false }),
     };
     let replay = poolsight::analyzer::ReplayOptions {

@@ -93,8 +93,8 @@ def test_mapping_sink_lines_report_is_line_profile_hooks_tree(tmp_path):
         pool.run(pool.malloc(0, 0))
         pool.run(pool.malloc(4096, 0, failed_attempts=3))
     me, fn = __file__, "test_mapping_sink_lines_report_is_line_profile_hooks_tree"
-    # Every frame as recorded: LineProfileHook's tree (the default shows the user's frames).
-    out = _cli("lines", str(path), "--frames", "all")
+    # A pool's trace reads with every frame as recorded, by default: LineProfileHook's tree.
+    out = _cli("lines", str(path))
     lines = out.splitlines()
     # Warm-up (first malloc, 1 KiB from the device) + 1 KiB + 2 KiB + 0 + 4 KiB failed;
     # acquired: 1 KiB + 2 KiB + 3 failed attempts of 4 KiB.
@@ -234,7 +234,7 @@ def test_cupy_trace_hook_prints_line_profile_hooks_tree(tmp_path):
             _program(cupy)
     theirs = io.StringIO()
     line_hook.print_report(file=theirs)
-    ours = _cli("lines", str(path), "--frames", "all")
+    ours = _cli("lines", str(path))
     print("LineProfileHook.print_report():\n" + theirs.getvalue())
     print("poolsight lines:\n" + ours)
     assert ours == theirs.getvalue()
@@ -247,7 +247,7 @@ def test_cupy_trace_hook_prints_line_profile_hooks_tree(tmp_path):
             _program(cupy)
     theirs = io.StringIO()
     line_hook.print_report(file=theirs)
-    assert _cli("lines", str(path3), "--frames", "all") == theirs.getvalue()
+    assert _cli("lines", str(path3)) == theirs.getvalue()
 
 
 def test_cupy_use_pool_records(tmp_path):

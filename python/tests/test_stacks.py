@@ -1,5 +1,5 @@
 """Allocation stacks at two levels: open scopes (cheap) and Python frames, as CuPy's LineProfileHook
-shows them (outermost first, file:line:function, max_depth) with --frames all."""
+shows them (outermost first, file:line:function, max_depth): a pool's trace reads as recorded."""
 
 from conftest import report_json, run_cli
 
@@ -35,7 +35,7 @@ def test_python_stacks_name_the_allocating_line(trace):
     with poolsight.record(trace, stacks="python") as rec:
         pool = poolsight.Pool(rec)
         call_twice(pool)
-    root = report_json("lines", trace, "--frames", "all")["root"]
+    root = report_json("lines", trace)["root"]
     assert root["used_bytes"] == 1024 + 2048
     leaves = [p for p in paths(root) if p[-1][0] == "allocate_here"]
     assert leaves, "allocate_here is in the tree"
@@ -50,11 +50,11 @@ def test_python_stacks_name_the_allocating_line(trace):
     assert leaves[0][-2][1] + 1 == leaves[1][-2][1]
     # poolsight's own Python frames are left out, as CuPy leaves out its hook's frames.
     assert not any("poolsight" in f[2] and "site-packages" in f[2] for p in paths(root) for f in p)
-    text = run_cli("lines", trace, "--frames", "all").stdout
+    text = run_cli("lines", trace).stdout
     assert f"{__file__}:{ALLOC_LINE}:allocate_here (1.00KB, 1.00KB)" in text
     assert f"{__file__}:{ALLOC_LINE}:allocate_here (2.00KB, 2.00KB)" in text
-    # By default the user's frames: pytest's are left out, the path is this file's name.
-    user = run_cli("lines", trace).stdout
+    # The user's frames when asked: pytest's are left out, the path is this file's name.
+    user = run_cli("lines", trace, "--frames", "user").stdout
     assert f"test_stacks.py:{ALLOC_LINE}:allocate_here (1.00KB, 1.00KB)" in user
     assert "_pytest" not in user and "pluggy" not in user
 
@@ -62,14 +62,14 @@ def test_python_stacks_name_the_allocating_line(trace):
 def test_max_depth_keeps_the_outermost_frames_as_cupy_does(trace, tmp_path):
     with poolsight.record(trace, stacks="python") as rec:
         call_twice(poolsight.Pool(rec))
-    # max_depth keeps the outermost frames (pytest's here): shown with every frame.
-    full = paths(report_json("lines", trace, "--frames", "all")["root"])
+    # max_depth keeps the outermost frames (pytest's here), as CuPy's hook does.
+    full = paths(report_json("lines", trace)["root"])
     deepest = max(full, key=len)
 
     cut = tmp_path / "cut.pstrace"
     with poolsight.record(cut, stacks="python", max_depth=3) as rec:
         call_twice(poolsight.Pool(rec))
-    kept = paths(report_json("lines", cut, "--frames", "all")["root"])
+    kept = paths(report_json("lines", cut)["root"])
     # max_depth = 3 keeps 2 levels under _root: the two outermost frames of the full stack.
     assert max(len(p) for p in kept) == 2
     assert [f[0] for f in max(kept, key=len)] == [f[0] for f in deepest[:2]]

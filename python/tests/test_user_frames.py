@@ -1,7 +1,10 @@
 """``--frames`` on poolsight's own traces recorded with Python stacks: a script started through
 a launcher (``python -m``, whose runpy frames are under the user's) reads from the user's first
 line, PyTorch's module-call plumbing is dropped, the scopes poolsight records (modules,
-operators) and the categories are kept; ``--frames all`` shows every frame as recorded."""
+operators) and the categories are kept; ``--frames all`` shows every frame as recorded. The user's
+frames are the default of a trace that observes PyTorch's allocator (``track()``); a pool's trace
+reads as recorded by default (CuPy's ``LineProfileHook`` tree) and asks for them with
+``--frames user``."""
 
 import subprocess
 import sys
@@ -110,8 +113,10 @@ def shown(trace, *extra):
 
 def test_a_script_run_through_a_launcher_reads_from_the_users_first_line(tmp_path):
     trace = run_module(tmp_path, {"launch.py": LAUNCH, "net.py": NET}, "launch")
-    root, user = shown(trace)
+    root, user = shown(trace, "--frames", "user")
     all_root, every = shown(trace, "--frames", "all")
+    # A pool's trace: every frame as recorded unless asked, as LineProfileHook prints it.
+    assert shown(trace)[1] == every
     # What was recorded: the launcher's frames under the user's.
     assert any("runpy" in f for f in every), every
     # What is shown: the user's own lines, their paths from the directory they share.

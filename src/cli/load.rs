@@ -29,7 +29,7 @@ pub fn warn(w: &LoadWarning) {
 /// converted on the way.
 #[derive(Clone, Copy)]
 pub struct Reading {
-    pub frames: FrameFilter,
+    pub frames: Option<FrameFilter>,
 }
 
 impl Reading {

@@ -42,15 +42,13 @@ struct Cli {
     /// and, innermost, the operator that allocated (`aten::addmm`, under its autograd node in
     /// backward), launchers, interpreter, libc, dispatcher and PyTorch's plumbing dropped;
     /// viewer: what PyTorch's memory viewer shows (unwinder, interpreter and dispatcher frames
-    /// dropped); python: Python frames only; all: every frame recorded. Scopes and call sites
+    /// dropped); python: Python frames only; all: every frame recorded. Default: user for
+    /// PyTorch's files and for traces that observe PyTorch's allocator (`track()`, pytest
+    /// --poolsight); every frame as recorded for traces of a pool's hooks (poolsight's pool,
+    /// CuPy's TraceHook), whose `lines` is CuPy's LineProfileHook tree. Scopes and call sites
     /// that poolsight records itself are always kept.
-    #[arg(
-        long,
-        global = true,
-        default_value = "user",
-        value_name = "user|viewer|python|all"
-    )]
-    frames: poolsight_import::FrameFilter,
+    #[arg(long, global = true, value_name = "user|viewer|python|all")]
+    frames: Option<poolsight_import::FrameFilter>,
 }
 
 #[derive(Subcommand)]
@@ -245,7 +243,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Export(a) => export::export(a, r)?,
         Command::Diff(a) => return diff::run(a, r, &mut out),
         Command::Pack(a) => export::pack(a, r, &mut out)?,
-        Command::Import(a) => import::import(a, cli.frames, &mut out)?,
+        Command::Import(a) => import::import(a, cli.frames.unwrap_or_default(), &mut out)?,
         Command::Whatif(a) => whatif::run(a, r, &mut out)?,
     }
     out.flush()?;

@@ -207,7 +207,7 @@ fn assert_deferred_checks_agree(path: &Path, at: usize, bit: usize) {
     });
     // As recorded, as `open_all` opens them.
     let opts = LoadOptions {
-        frames: FrameFilter::All,
+        frames: Some(FrameFilter::All),
         resolver: None,
     };
     let deferred = load::load(&[path], &opts, &Default::default(), |_| {}).map(|l| {

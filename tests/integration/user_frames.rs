@@ -29,10 +29,20 @@ fn frames<'a>(fs: &'a [(&'a str, u32, &'a str)]) -> Vec<ForeignFrame<'a>> {
 
 /// A run recorded with Python stacks, as `python -m train` records it: allocations under
 /// runpy's frames, the user's script and model, PyTorch's module call plumbing; one from a
-/// thread with no frame of the user's; one under a link scope.
+/// thread with no frame of the user's; one under a link scope. Its device is PyTorch's
+/// allocator observed from outside, as `track()` records it.
 fn record(path: &Path) {
+    record_on(path, true)
+}
+
+/// [`record`]'s run on an observed device, or on a pool's (`observed` false: a pool's hooks
+/// recorded it, as CuPy's `TraceHook` does).
+fn record_on(path: &Path, observed: bool) {
     let config = RecorderConfig {
-        devices: vec![DeviceInfo::pool(0, "cuda:0", 1 << 30, 1)],
+        devices: vec![DeviceInfo {
+            observed,
+            ..DeviceInfo::pool(0, "cuda:0", 1 << 30, 1)
+        }],
         ..RecorderConfig::default()
     };
     let rec = Recorder::create(path, config).expect("recorder");
@@ -156,6 +166,28 @@ fn python_frames_read_as_the_users_lines_and_every_frame_with_all() {
     assert_eq!(run(&["lines", "--frames", "python"], &path), all);
 }
 
+/// A trace of a pool's hooks (poolsight's pool, CuPy's `TraceHook`) reads by default with every
+/// frame it recorded, launchers included, as CuPy's `LineProfileHook` prints its tree; the
+/// user's frames are asked for with `--frames user`.
+#[test]
+fn a_pools_trace_reads_as_recorded_unless_asked() {
+    let observed = scratch::file("user-frames-observed.pstrace");
+    let pool = scratch::file("user-frames-pool.pstrace");
+    record_on(&observed, true);
+    record_on(&pool, false);
+    let recorded = run(&["lines"], &pool);
+    assert_eq!(recorded, run(&["lines", "--frames", "all"], &pool));
+    assert!(
+        recorded.contains("<frozen runpy>:198:_run_module_as_main"),
+        "{recorded}"
+    );
+    assert_eq!(
+        run(&["lines", "--frames", "user"], &pool),
+        run(&["lines"], &observed)
+    );
+    assert_ne!(recorded, run(&["lines"], &observed));
+}
+
 #[test]
 fn the_user_frames_hold_in_every_command() {
     let path = scratch::file("user-frames-commands.pstrace");
@@ -229,10 +261,15 @@ fn the_loading_step_shows_the_frames_it_is_asked_for() {
         paths.sort();
         paths
     };
-    let user = paths_at(FrameFilter::User);
+    let user = paths_at(Some(FrameFilter::User));
+    assert_eq!(
+        paths_at(None),
+        user,
+        "an observed allocator's trace: the user's frames"
+    );
     assert!(user.contains(&"train.py:90 > train.py:70 > model/net.py:31".to_string()));
     // Every user line of the recorded stacks is one of the view's, and no other is.
-    let all = paths_at(FrameFilter::All);
+    let all = paths_at(Some(FrameFilter::All));
     let user_lines = |paths: &[String]| {
         let mut lines: Vec<String> = paths
             .iter()

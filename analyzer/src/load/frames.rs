@@ -19,8 +19,21 @@ use poolsight_schema::fb;
 
 use crate::read::{Defs, FrameDef, Trace};
 
-/// Shows `trace`'s stacks through `filter`.
-pub(super) fn show(trace: &mut Trace, filter: FrameFilter) {
+/// The frames a trace is shown with when `--frames` is not given: the user's for a trace that
+/// observes an allocator from outside (PyTorch's, through `track()`), every frame as recorded
+/// for a trace of a pool's hooks (poolsight's pool, CuPy's `TraceHook`), whose `lines` is then
+/// CuPy's `LineProfileHook` tree, launchers' frames included, as that hook prints it.
+pub fn default_frames(trace: &Trace) -> FrameFilter {
+    if trace.defs.devices.iter().any(|d| d.observed) {
+        FrameFilter::User
+    } else {
+        FrameFilter::All
+    }
+}
+
+/// Shows `trace`'s stacks through `filter` (`None`: [`default_frames`]).
+pub(super) fn show(trace: &mut Trace, filter: Option<FrameFilter>) {
+    let filter = filter.unwrap_or_else(|| default_frames(trace));
     if filter == FrameFilter::All || trace.header.import.is_some() {
         return;
     }

@@ -46,8 +46,8 @@ pub struct Input {
     pub named: PathBuf,
     /// The trace file read for it: `named` itself, or the trace it was converted into.
     pub trace: PathBuf,
-    /// Which frames of its stacks to show.
-    frames: FrameFilter,
+    /// Which frames of its stacks to show (`None`: the trace's default).
+    frames: Option<FrameFilter>,
     /// What keeps a converted trace on disk.
     _converted: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -91,7 +91,7 @@ impl Inputs {
         }
         let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>)> = match opts.resolver {
             Some(r) if !foreign.is_empty() => r
-                .convert(&foreign, opts.frames)
+                .convert(&foreign, opts.frames.unwrap_or_default())
                 .map_err(LoadError::Convert)?
                 .into_iter()
                 .map(|c| (c.trace, Arc::from(c.keep)))

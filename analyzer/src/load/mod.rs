@@ -17,6 +17,7 @@
 //! to, handed to a callback before the replay starts.
 
 mod frames;
+pub use frames::default_frames;
 pub mod incomplete;
 mod inputs;
 mod job;
@@ -35,9 +36,9 @@ use crate::replay::{progress_total, replay, Profile, ReplayOptions};
 #[derive(Clone, Copy, Default)]
 pub struct LoadOptions<'r> {
     /// Which frames of each stack to show (`--frames`): handed to the resolver for the files it
-    /// converts, and applied to poolsight traces with foreign (Python) frames as they are
-    /// opened. `User` by default.
-    pub frames: FrameFilter,
+    /// converts (`User` when `None`), and applied to poolsight traces with foreign (Python)
+    /// frames as they are opened. `None`: each trace's own default ([`default_frames`]).
+    pub frames: Option<FrameFilter>,
     /// Converts the files that are not traces; `None`: every file must be a trace.
     pub resolver: Option<&'r dyn Resolver>,
 }
@@ -144,7 +145,7 @@ pub fn load<P: AsRef<Path>>(
 /// replaying them.
 pub fn open_all<P: AsRef<Path>>(paths: &[P]) -> Result<Opened, LoadError> {
     let opts = LoadOptions {
-        frames: FrameFilter::All,
+        frames: Some(FrameFilter::All),
         resolver: None,
     };
     Inputs::resolve(paths, &opts)?.open()
