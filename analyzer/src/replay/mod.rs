@@ -30,6 +30,7 @@
 
 mod categories;
 mod downsample;
+mod fold;
 mod live;
 mod merge;
 mod oom;
@@ -47,6 +48,7 @@ use std::sync::Arc;
 
 use crate::read::{ChunkKind, Trace};
 
+pub(crate) use fold::row_bytes;
 pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
@@ -223,7 +225,7 @@ fn one_merge(trace: &Trace, opts: &ReplayOptions) -> (stacks::PerStack, timeline
     // The progress counts each chunk once: the per-stack pass reports it.
     let (stacks, (timeline, packed_mem)) = rayon::join(
         || stacks::per_stack(trace, true, opts.progress.as_deref()),
-        || merge::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
+        || timeline::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
     );
     (stacks.merge(packed_mem), timeline)
 }
@@ -246,7 +248,7 @@ fn assemble(
     let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal) {
         (Some(w), _) if opts.live_at_peak => w.live_at_peak.clone(),
         (None, Some(peak)) if opts.live_at_peak => {
-            merge::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
+            timeline::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
                 .snapshots
                 .pop()
                 .map(|s| s.stacks.into_iter().collect())

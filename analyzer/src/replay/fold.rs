@@ -1,0 +1,171 @@
+//! The one reading of a memory event's kind: what each kind does to the accounting
+//! ([`Effect::of`]), and the pool's running figures it moves ([`Ledger`]). Every pass that
+//! counts memory takes its kinds from here — the time-ordered pass and its windows
+//! (`timeline.rs`, `window_fold.rs`) through the ledger, the per-stack counters (`stacks.rs`),
+//! the live-block walks (`categories.rs`, `live.rs`, through the timeline's tracking), `oom.rs`,
+//! `requests.rs` and the Parquet rows (`export/dataset/events.rs`, [`row_bytes`]) — so a kind
+//! that changes the figures is taught to this file.
+
+use poolsight_schema::fb;
+
+use super::profile::signed;
+use super::Units;
+
+/// What one memory event does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// A request was served: a block of `size` bytes (the request rounded up to the device's
+    /// allocation unit) at the event's address, under its stack. A 0-byte request served with
+    /// a null pointer (as CuPy and PyTorch serve them) is one, of size 0.
+    Malloc { size: u64 },
+    /// A request of `size` bytes (rounded) failed: a null pointer. Counted where requests are
+    /// counted (the seed tables), never live.
+    FailedMalloc { size: u64 },
+    /// The block at the event's address went back: `bytes` as it was accounted.
+    Free { bytes: u64 },
+    /// The allocator took `bytes` from the device (a pool miss), at the event's address.
+    Acquire { bytes: u64 },
+    /// The device refused `bytes` (a null pointer).
+    FailedAcquire { bytes: u64 },
+    /// The allocator gave `bytes` back to the device.
+    Release { bytes: u64 },
+    /// A request of `bytes` failed for lack of memory.
+    OutOfMemory { bytes: u64 },
+    /// The free of the block at the event's address was requested; it completes at its
+    /// [`Effect::Free`] (format 1.5).
+    FreeRequested,
+    /// No change: a pre hook (its post event carries the same request and the answer), a
+    /// limit, a kind this reader does not know.
+    Nothing,
+}
+
+impl Effect {
+    #[inline(always)]
+    pub(crate) fn of(e: &fb::MemEvent, units: &Units) -> Effect {
+        match e.kind() {
+            fb::MemKind::MallocPost => {
+                let size = units.mem_size(e.device(), e.bytes());
+                if served(e) {
+                    Effect::Malloc { size }
+                } else {
+                    Effect::FailedMalloc { size }
+                }
+            }
+            fb::MemKind::FreePost => Effect::Free { bytes: e.bytes() },
+            fb::MemKind::AllocPost if served(e) => Effect::Acquire { bytes: e.bytes() },
+            fb::MemKind::AllocPost => Effect::FailedAcquire { bytes: e.bytes() },
+            fb::MemKind::Release => Effect::Release { bytes: e.bytes() },
+            fb::MemKind::OutOfMemory => Effect::OutOfMemory { bytes: e.bytes() },
+            fb::MemKind::FreeRequested => Effect::FreeRequested,
+            _ => Effect::Nothing,
+        }
+    }
+}
+
+/// Whether a malloc or device allocation was served: a pointer, or a request of 0 bytes (which
+/// CuPy serves with a null pointer, as PyTorch does an empty tensor's storage). A null pointer
+/// for bytes is a failure. Its free and release come later either way, so the counts of both
+/// sides include it.
+#[inline(always)]
+fn served(e: &fb::MemEvent) -> bool {
+    e.ptr() != 0 || e.bytes() == 0
+}
+
+/// The bytes a row of the event shows (the Parquet `mem_size` column): a request's rounded
+/// size, pre hook or post; the accounted size of a device allocation and a free; none for the other kinds, whose `bytes` mean something else.
+pub(crate) fn row_bytes(e: &fb::MemEvent, units: &Units) -> Option<u64> {
+    match e.kind() {
+        fb::MemKind::MallocPre | fb::MemKind::MallocPost => {
+            Some(units.mem_size(e.device(), e.bytes()))
+        }
+        fb::MemKind::AllocPre
+        | fb::MemKind::AllocPost
+        | fb::MemKind::FreePre
+        | fb::MemKind::FreePost => Some(e.bytes()),
+        _ => None,
+    }
+}
+
+/// How many events of each counted memory kind were folded.
+#[derive(Default)]
+pub(super) struct Counts {
+    pub(super) mallocs: u64,
+    pub(super) frees: u64,
+    pub(super) allocs: u64,
+    pub(super) releases: u64,
+    pub(super) ooms: u64,
+}
+
+impl Counts {
+    pub(super) fn add(&mut self, o: &Counts) {
+        self.mallocs += o.mallocs;
+        self.frees += o.frees;
+        self.allocs += o.allocs;
+        self.releases += o.releases;
+        self.ooms += o.ooms;
+    }
+}
+
+/// The pool's running figures in time order: live (used) bytes, bytes held from the device
+/// (acquired), and the counts. Sums saturate; [`Ledger::saturated`] says when one did (only a
+/// damaged trace gets there), which a window of the parallel replay cannot stand for.
+#[derive(Default)]
+pub(super) struct Ledger {
+    pub(super) used: i64,
+    pub(super) acquired: i64,
+    pub(super) counts: Counts,
+    pub(super) saturated: bool,
+}
+
+impl Ledger {
+    /// Folds one memory event (not a rebase); returns what it did, for the passes that also
+    /// track blocks.
+    #[inline(always)]
+    pub(super) fn apply(&mut self, e: &fb::MemEvent, units: &Units) -> Effect {
+        let effect = Effect::of(e, units);
+        match effect {
+            Effect::Malloc { size } => {
+                self.counts.mallocs += 1;
+                self.used = self.add(self.used, signed(size));
+            }
+            Effect::Free { bytes } => {
+                self.counts.frees += 1;
+                self.used = self.sub(self.used, signed(bytes));
+            }
+            Effect::Acquire { bytes } => {
+                self.counts.allocs += 1;
+                self.acquired = self.add(self.acquired, signed(bytes));
+            }
+            Effect::Release { bytes } => {
+                self.counts.releases += 1;
+                self.acquired = self.sub(self.acquired, signed(bytes));
+            }
+            Effect::OutOfMemory { .. } => self.counts.ooms += 1,
+            Effect::FailedMalloc { .. }
+            | Effect::FailedAcquire { .. }
+            | Effect::FreeRequested
+            | Effect::Nothing => {}
+        }
+        effect
+    }
+
+    #[inline(always)]
+    fn add(&mut self, a: i64, b: i64) -> i64 {
+        let (v, over) = a.overflowing_add(b);
+        if over {
+            self.saturated = true;
+            return a.saturating_add(b);
+        }
+        v
+    }
+
+    #[inline(always)]
+    fn sub(&mut self, a: i64, b: i64) -> i64 {
+        let (v, over) = a.overflowing_sub(b);
+        if over {
+            self.saturated = true;
+            return a.saturating_sub(b);
+        }
+        v
+    }
+}
