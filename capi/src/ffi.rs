@@ -27,20 +27,6 @@ pub const PS_MODE_GROW: u32 = 0;
 /// `PsConfig::mode`: flight recorder, `ring_slots` chunks, the oldest overwritten.
 pub const PS_MODE_RING: u32 = 1;
 
-/// Scope kind: a function (a row of `poolsight functions`).
-pub const PS_SCOPE_FUNCTION: u32 = 1;
-/// Scope kind: a link, by convention a layer's class name (`poolsight timers --links`).
-pub const PS_SCOPE_LINK: u32 = 2;
-/// Scope kind: any other named region.
-pub const PS_SCOPE_USER: u32 = 3;
-
-/// Phase of a scope: none.
-pub const PS_PHASE_NONE: u32 = 0;
-/// Phase of a function scope: the forward computation.
-pub const PS_PHASE_FORWARD: u32 = 1;
-/// Phase of a function scope: the backward computation.
-pub const PS_PHASE_BACKWARD: u32 = 2;
-
 /// An open scope, from `ps_scope_enter` for `ps_scope_exit`. Opaque: copy it, store it,
 /// give it back on the thread that opened it.
 #[repr(C)]
@@ -255,7 +241,7 @@ pub unsafe extern "C" fn ps_scope_enter(
         } else {
             text(file, "file")?
         };
-        // The PS_ values are the trace format's (a test below pins them to the schema).
+        // The PS_ values are the trace format's (`constants.rs` makes them from its kinds).
         let kind = u8::try_from(kind)
             .ok()
             .and_then(|k| FrameKind::try_from(k).ok())
@@ -486,21 +472,4 @@ pub unsafe extern "C" fn ps_pool_destroy(pool: *mut PsPool) {
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The C constants are literals (cbindgen writes them into the header); they must stay the
-    /// trace format's values.
-    #[test]
-    fn constants_are_the_schemas_values() {
-        assert_eq!(PS_SCOPE_FUNCTION, FrameKind::Function as u32);
-        assert_eq!(PS_SCOPE_LINK, FrameKind::Link as u32);
-        assert_eq!(PS_SCOPE_USER, FrameKind::Scope as u32);
-        assert_eq!(PS_PHASE_NONE, Phase::None as u32);
-        assert_eq!(PS_PHASE_FORWARD, Phase::Forward as u32);
-        assert_eq!(PS_PHASE_BACKWARD, Phase::Backward as u32);
-    }
 }
