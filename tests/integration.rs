@@ -36,6 +36,8 @@ mod golden;
 mod html;
 #[path = "integration/parquet.rs"]
 mod parquet;
+#[path = "integration/relabel.rs"]
+mod relabel;
 #[path = "integration/scopes.rs"]
 mod scopes;
 #[path = "integration/snapshot_views.rs"]

@@ -169,6 +169,21 @@ uint32_t ps_stack_push(const PsRecorder *rec,
                        uint32_t line,
                        const char *function);
 
+// Says that the block at `ptr` on device `device` (`bytes`, the size it was allocated with)
+// now belongs to `stack` (from `ps_stack_*`), its live bytes unchanged: for a block whose
+// owner or kind is known only later (a buffer that becomes a model's state). Reports of what
+// is live at an instant show it under `stack` from now on; cumulative figures (bytes
+// allocated per function and line) keep it where it was allocated. Returns 0, or -1 with
+// `ps_last_error`.
+//
+// # Safety
+// `rec` is a live recorder.
+int ps_relabel(const PsRecorder *rec,
+               uint32_t device,
+               uint64_t ptr,
+               uint64_t bytes,
+               uint32_t stack);
+
 // A CuPy-style caching pool over `capacity` bytes of simulated device memory in host RAM
 // (real, usable memory). With `rec` (may be NULL) its events go into that recording.
 //

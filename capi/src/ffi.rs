@@ -356,6 +356,29 @@ pub unsafe extern "C" fn ps_stack_push(
     })
 }
 
+/// Says that the block at `ptr` on device `device` (`bytes`, the size it was allocated with)
+/// now belongs to `stack` (from `ps_stack_*`), its live bytes unchanged: for a block whose
+/// owner or kind is known only later (a buffer that becomes a model's state). Reports of what
+/// is live at an instant show it under `stack` from now on; cumulative figures (bytes
+/// allocated per function and line) keep it where it was allocated. Returns 0, or -1 with
+/// `ps_last_error`.
+///
+/// # Safety
+/// `rec` is a live recorder.
+#[no_mangle]
+pub unsafe extern "C" fn ps_relabel(
+    rec: *const PsRecorder,
+    device: u32,
+    ptr: u64,
+    bytes: u64,
+    stack: u32,
+) -> c_int {
+    guard(-1, || {
+        recorder(rec)?.session.relabel(device, ptr, bytes, stack);
+        Ok(0)
+    })
+}
+
 fn new_pool(made: Result<SessionPool, SessionError>) -> Result<*mut PsPool, SessionError> {
     Ok(Box::into_raw(Box::new(PsPool { pool: made? })))
 }

@@ -294,6 +294,13 @@ impl Session {
         self.mem_event(MemKind::Release, device, 0, ptr, bytes, 0, 0);
     }
 
+    /// The block at `ptr` (`bytes`, as its allocation was accounted) now belongs to `stack`,
+    /// its live bytes unchanged: one `Relabel` event (see [`Handle::record_relabel`]), where a
+    /// free and an allocation would count the block twice in cumulative figures.
+    pub fn relabel(&self, device: u32, ptr: u64, bytes: u64, stack: u32) {
+        self.mem_event(MemKind::Relabel, device, 0, ptr, bytes, stack, 0);
+    }
+
     /// Records one memory event seen by an observer of another allocator. Once the recording
     /// is finished, a late free or release (a tensor collected after the recording ended) is
     /// dropped without a word; anything else is counted as dropped.

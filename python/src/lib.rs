@@ -207,6 +207,14 @@ impl Recorder {
         self.session.observed(device, ptr, size, stack);
     }
 
+    /// The block at ``ptr`` (``size`` bytes, as it was recorded) now belongs to ``stack``, its
+    /// live bytes unchanged: one ``RELABEL`` event. Views of what is live at an instant move
+    /// it; cumulative figures keep it where it was allocated, counted once.
+    #[pyo3(signature = (size, ptr, stack, device=0))]
+    fn relabel(&self, size: u64, ptr: u64, stack: u32, device: u32) {
+        self.session.relabel(device, ptr, size, stack);
+    }
+
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
     fn exit(&self, token: &Token) -> PyResult<()> {
         self.session.exit(token.0).map_err(err)

@@ -557,6 +557,10 @@ impl Sink for Walk<'_> {
                 self.add(stack, signed(size), ticks);
             }
             Some(Live::Removed { stack, size }) => self.add(stack, -signed(size), ticks),
+            Some(Live::Moved { from, to, size }) => {
+                self.add(from, -signed(size), ticks);
+                self.add(to, signed(size), ticks);
+            }
             None => {}
         }
         self.calls.used(self.tl.ledger.used);

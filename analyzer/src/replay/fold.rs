@@ -34,6 +34,10 @@ pub(crate) enum Effect {
     /// The free of the block at the event's address was requested; it completes at its
     /// [`Effect::Free`] (format 1.5).
     FreeRequested,
+    /// The block at the event's address now belongs to the event's stack, its live bytes
+    /// unchanged (format 1.6): views of what is live at an instant move it there; cumulative
+    /// figures keep it where it was made, counted once.
+    Relabel,
     /// No change: a pre hook (its post event carries the same request and the answer), a
     /// limit, a kind this reader does not know.
     Nothing,
@@ -57,6 +61,7 @@ impl Effect {
             fb::MemKind::Release => Effect::Release { bytes: e.bytes() },
             fb::MemKind::OutOfMemory => Effect::OutOfMemory { bytes: e.bytes() },
             fb::MemKind::FreeRequested => Effect::FreeRequested,
+            fb::MemKind::Relabel => Effect::Relabel,
             _ => Effect::Nothing,
         }
     }
@@ -72,7 +77,8 @@ fn served(e: &fb::MemEvent) -> bool {
 }
 
 /// The bytes a row of the event shows (the Parquet `mem_size` column): a request's rounded
-/// size, pre hook or post; the accounted size of a device allocation and a free; none for the other kinds, whose `bytes` mean something else.
+/// size, pre hook or post; the accounted size of a device allocation, a free and a relabelled
+/// block; none for the other kinds, whose `bytes` mean something else.
 pub(crate) fn row_bytes(e: &fb::MemEvent, units: &Units) -> Option<u64> {
     match e.kind() {
         fb::MemKind::MallocPre | fb::MemKind::MallocPost => {
@@ -81,7 +87,8 @@ pub(crate) fn row_bytes(e: &fb::MemEvent, units: &Units) -> Option<u64> {
         fb::MemKind::AllocPre
         | fb::MemKind::AllocPost
         | fb::MemKind::FreePre
-        | fb::MemKind::FreePost => Some(e.bytes()),
+        | fb::MemKind::FreePost
+        | fb::MemKind::Relabel => Some(e.bytes()),
         _ => None,
     }
 }
@@ -144,6 +151,7 @@ impl Ledger {
             Effect::FailedMalloc { .. }
             | Effect::FailedAcquire { .. }
             | Effect::FreeRequested
+            | Effect::Relabel
             | Effect::Nothing => {}
         }
         effect

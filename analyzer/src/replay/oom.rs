@@ -184,6 +184,12 @@ impl Sink for Walk<'_> {
             Effect::Free { .. } => {
                 self.blocks.remove(&(d, e.ptr()));
             }
+            // What is live by line and category follows the block to its new stack.
+            Effect::Relabel => {
+                if let Some(b) = self.blocks.get_mut(&(d, e.ptr())) {
+                    b.stack = e.stack();
+                }
+            }
             Effect::Acquire { bytes } => {
                 // Memory held from the start without a layout is written at address 1.
                 if e.ptr() <= 1 {

@@ -175,6 +175,18 @@ impl Timeline {
                 self.unlive(stack, size);
                 Some(Live::Removed { stack, size })
             }
+            Effect::Relabel => {
+                let (size, stack) = self.blocks.get_mut(&key)?;
+                let (size, from, to) = (*size, *stack, e.stack());
+                if from == to {
+                    return None;
+                }
+                *stack = to;
+                self.unlive(from, size);
+                let live = self.live.entry(to).or_default();
+                *live = live.saturating_add(size);
+                Some(Live::Moved { from, to, size })
+            }
             _ => None,
         }
     }
@@ -313,6 +325,12 @@ pub(super) enum Live {
     },
     Removed {
         stack: u32,
+        size: u64,
+    },
+    /// A block of `size` bytes relabelled from stack `from` to `to`.
+    Moved {
+        from: u32,
+        to: u32,
         size: u64,
     },
 }

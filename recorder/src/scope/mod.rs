@@ -46,7 +46,6 @@
 //! (with the stack they were opened with) when they close, but no longer touch the stack, so a
 //! scope opened after the early close is never popped by a stale guard or token.
 
-
 mod context;
 
 use std::marker::PhantomData;
