@@ -16,6 +16,7 @@ use poolsight_recorder::{
     DeviceInfo, DeviceKind, FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken,
 };
 
+mod alloc_shim;
 mod autograd;
 mod cupy_alloc;
 mod cupy_hook;
