@@ -16,6 +16,8 @@ mod bad_input;
 mod ci_gate;
 #[path = "integration/crafted.rs"]
 mod crafted;
+#[path = "integration/device_peaks.rs"]
+mod device_peaks;
 #[path = "integration/diff.rs"]
 mod diff;
 #[path = "integration/drills.rs"]

@@ -536,7 +536,12 @@ impl Pool {
         };
         let session = recorder.as_ref().map(|r| Arc::clone(&r.get().session));
         let pool = match device {
-            "host" => SessionPool::host(session, 0, capacity),
+            // Device 0, or the first id the recording's other allocators (PyTorch's tensors
+            // observed by track()) left free.
+            "host" => {
+                let id = session.as_ref().map_or(0, |s| s.unused_device_id());
+                SessionPool::host(session, id, capacity)
+            }
             d => match d.strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()) {
                 Some(n) => py.detach(|| SessionPool::cuda(session, n)),
                 None => {
@@ -661,6 +666,8 @@ fn pack<'py>(
 
 /// What a finished trace's peak is made of, as the analyzer replays it for ``poolsight report``
 /// and ``flamegraph --metric peak``: {peak_bytes, peak_ns, end_bytes, devices: [(name, kind)],
+/// device_peaks: [(name, kind, peak_bytes)] (each device's own peak, for every device that had
+/// blocks),
 /// at_peak: [(frames, bytes)], categories: [(name, at_peak_bytes, at_end_bytes)], warnings};
 /// ``at_peak`` holds each stack's bytes live at the peak (``export --format folded --metric
 /// peak``), outermost frame first; ``categories`` is ``poolsight categories``' (empty for a
@@ -698,6 +705,11 @@ fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, 
         .map(|d| (d.name.as_str(), d.kind.name()))
         .collect();
     d.set_item("devices", devices)?;
+    // Each device's own peak, for every device that had blocks.
+    let device_peaks: Vec<(&str, &str, u64)> = (source.device_peaks.iter())
+        .map(|p| (p.name.as_str(), p.kind, p.peak_used_bytes))
+        .collect();
+    d.set_item("device_peaks", device_peaks)?;
     d.set_item("at_peak", at_peak)?;
     // By memory category (a trace whose allocations carry them): at the peak and at the end.
     let categories: Vec<(String, u64, u64)> = (source.categories.iter())

@@ -177,3 +177,64 @@ impl Ledger {
         v
     }
 }
+
+/// Live bytes per device and each device's highest (exact, in time order): the peak of one
+/// device where a trace holds several. Counted from 0 at the start of what is folded (a window
+/// of the parallel replay counts from its own start; [`Devices::after`] combines them).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Devices {
+    /// By device id.
+    pub(super) of: Vec<DeviceBytes>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct DeviceBytes {
+    /// The device had a block allocated or freed.
+    pub(super) seen: bool,
+    pub(super) used: i64,
+    /// The highest `used`, and when it was first reached (0 bytes: never above the start).
+    pub(super) peak: i64,
+    pub(super) peak_ticks: u64,
+}
+
+impl Devices {
+    /// What an event that did `effect` on `device` at `ticks` does to that device's bytes.
+    #[inline(always)]
+    pub(super) fn apply(&mut self, device: u8, effect: Effect, ticks: u64) {
+        let delta = match effect {
+            Effect::Malloc { size } => signed(size),
+            Effect::Free { bytes } => signed(bytes).saturating_neg(),
+            _ => return,
+        };
+        let i = device as usize;
+        if i >= self.of.len() {
+            self.of.resize(i + 1, DeviceBytes::default());
+        }
+        let d = &mut self.of[i];
+        d.seen = true;
+        d.used = d.used.saturating_add(delta);
+        if d.used > d.peak {
+            d.peak = d.used;
+            d.peak_ticks = ticks;
+        }
+    }
+
+    /// These figures followed by those of `next`, which counted from 0 where these end.
+    pub(super) fn after(&mut self, next: &Devices) {
+        if self.of.len() < next.of.len() {
+            self.of.resize(next.of.len(), DeviceBytes::default());
+        }
+        for (d, n) in self.of.iter_mut().zip(&next.of) {
+            if !n.seen {
+                continue;
+            }
+            d.seen = true;
+            let peak = d.used.saturating_add(n.peak);
+            if peak > d.peak {
+                d.peak = peak;
+                d.peak_ticks = n.peak_ticks;
+            }
+            d.used = d.used.saturating_add(n.used);
+        }
+    }
+}

@@ -52,8 +52,9 @@ pub(crate) use fold::row_bytes;
 pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
-    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
-    MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,
+    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, DevicePeak, EpochFigures,
+    Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series,
+    Source, NEVER,
 };
 pub use requests::{memory_requests, request_line, MemRequest, RequestKind};
 pub use timeline::Snapshot;
@@ -291,6 +292,7 @@ fn assemble(
         series: timeline.series(trace),
         memory: Memory::of(&trace.defs.devices),
         categories: walked.map(|w| w.figures),
+        device_peaks: timeline.device_peaks(trace),
     };
     Profile {
         sources: vec![source],

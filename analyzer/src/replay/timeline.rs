@@ -9,9 +9,9 @@ use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::downsample::Downsampler;
-use super::fold::{Effect, Ledger};
+use super::fold::{Devices, Effect, Ledger};
 use super::merge::{sorted_marks, walk_decoding, Sink};
-use super::profile::{EpochFigures, PoolFigures, Series};
+use super::profile::{DevicePeak, EpochFigures, PoolFigures, Series};
 use super::stacks::PerStack;
 use super::Units;
 use crate::read::Trace;
@@ -20,6 +20,8 @@ use crate::read::Trace;
 pub(super) struct Timeline {
     /// Used and acquired bytes now, and the counts.
     pub(super) ledger: Ledger,
+    /// Live bytes per device, and each one's peak.
+    pub(super) devices: Devices,
     pub(super) peak_used: i64,
     pub(super) peak_used_ticks: u64,
     pub(super) peak_acquired: i64,
@@ -91,6 +93,7 @@ impl Timeline {
     pub(super) fn new(t0: u64, points: usize, stops: Vec<u64>, keep: usize) -> Timeline {
         Timeline {
             ledger: Ledger::default(),
+            devices: Devices::default(),
             peak_used: 0,
             peak_used_ticks: 0,
             peak_acquired: 0,
@@ -120,6 +123,7 @@ impl Timeline {
         track: bool,
     ) -> Option<Live> {
         let effect = self.ledger.apply(e, units);
+        self.devices.apply(e.device(), effect, ticks);
         let (used, acquired) = (self.ledger.used, self.ledger.acquired);
         // Only a rise reaches a new peak, so one compare after any event finds it.
         if used > self.peak_used {
@@ -257,6 +261,26 @@ impl Timeline {
             releases: self.ledger.counts.releases,
             out_of_memory: self.ledger.counts.ooms,
         }
+    }
+
+    /// Each device's own peak, for every device that had blocks.
+    pub(super) fn device_peaks(&self, trace: &Trace) -> Vec<DevicePeak> {
+        let seen: Vec<(usize, _)> = (self.devices.of.iter().enumerate())
+            .filter(|(_, d)| d.seen)
+            .collect();
+        seen.into_iter()
+            .map(|(id, d)| {
+                let def = trace.defs.devices.iter().find(|x| x.id as usize == id);
+                DevicePeak {
+                    device: id as u32,
+                    name: def.map_or_else(|| format!("device {id}"), |x| x.name.clone()),
+                    kind: def.map_or("unspecified", |x| x.kind.name()),
+                    peak_used_bytes: d.peak.max(0) as u64,
+                    peak_used_ns: trace.ns_since_start(d.peak_ticks),
+                    used_at_end_bytes: d.used,
+                }
+            })
+            .collect()
     }
 
     pub(super) fn epochs(&self, trace: &Trace, end_ticks: u64) -> Vec<EpochFigures> {

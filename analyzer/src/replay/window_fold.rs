@@ -4,7 +4,7 @@
 use poolsight_schema::fb;
 
 use super::downsample::Bucket;
-use super::fold::Ledger;
+use super::fold::{Devices, Ledger};
 use super::merge::Stream;
 use super::timeline::Timeline;
 use super::Units;
@@ -25,6 +25,8 @@ pub(super) struct WindowFold {
     bad: bool,
     /// Used and acquired bytes since the window's start, and the counts.
     pub(super) ledger: Ledger,
+    /// The same per device, with each one's peak.
+    pub(super) devices: Devices,
     /// Lowest used and acquired bytes (the highest are the peaks').
     pub(super) min_used: i64,
     pub(super) min_acquired: i64,
@@ -88,6 +90,7 @@ impl WindowFold {
             shift,
             bad: false,
             ledger: Ledger::default(),
+            devices: Devices::default(),
             min_used: 0,
             min_acquired: 0,
             peak_used: (i64::MIN, 0, 0),
@@ -129,7 +132,8 @@ impl WindowFold {
         if ticks >= self.edge {
             self.open_bucket(ticks);
         }
-        self.ledger.apply(e, units);
+        let effect = self.ledger.apply(e, units);
+        self.devices.apply(e.device(), effect, ticks);
         let (u, a) = (self.ledger.used, self.ledger.acquired);
         // Maxima only rise and minima only fall at a change, so one compare after any event
         // finds them.
@@ -282,6 +286,7 @@ impl Timeline {
             tl.ledger.acquired = acquired(w.ledger.acquired)?;
             tl.ordinal += w.ordinal;
             tl.ledger.counts.add(&w.ledger.counts);
+            tl.devices.after(&w.devices);
         }
         Some(tl)
     }

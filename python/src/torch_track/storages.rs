@@ -73,13 +73,14 @@ impl TorchState {
     }
 
     /// The trace's device of PyTorch's device `device_type`:`index` (`key`: its index, -1 for
-    /// the CPU), numbered as first seen and defined then.
+    /// the CPU), defined when first seen, with an id no other device of the recording has.
     pub(super) fn trace_device(&self, key: i64, device_type: &str, index: Option<u32>) -> u32 {
         let mut storages = lock(&self.storages);
         if let Some(&d) = storages.devices.get(&key) {
             return d;
         }
-        let id = storages.devices.len() as u32;
+        // Not one a pool of the same recording has (a host pool is device 0 too).
+        let id = self.session().unused_device_id();
         storages.devices.insert(key, id);
         drop(storages);
         let info = poolsight::import::device::pytorch_device(id, device_type, index, true);
