@@ -114,38 +114,99 @@ impl Counts {
 }
 
 /// The pool's running figures in time order: live (used) bytes, bytes held from the device
-/// (acquired), and the counts. Sums saturate; [`Ledger::saturated`] says when one did (only a
-/// damaged trace gets there), which a window of the parallel replay cannot stand for.
-#[derive(Default)]
+/// (acquired), their extremes, and the counts. Sums saturate; [`Ledger::saturated`] says when
+/// one did (only a damaged trace gets there), which a window of the parallel replay cannot
+/// stand for. The extremes are kept in the arm of the kind that moves them (only a rise reaches
+/// a maximum, only a fall a minimum), so each event is read once.
 pub(super) struct Ledger {
     pub(super) used: i64,
     pub(super) acquired: i64,
     pub(super) counts: Counts,
     pub(super) saturated: bool,
+    /// Highest used bytes, first reached: (bytes, ticks, ordinal of the event); bytes start at
+    /// the floor given to [`Ledger::new`].
+    pub(super) peak_used: (i64, u64, u64),
+    /// Highest acquired bytes, first reached: (bytes, ticks).
+    pub(super) peak_acquired: (i64, u64),
+    /// Highest used and acquired bytes since [`Ledger::new_stretch`] (`i64::MIN`: none).
+    pub(super) seg_used: i64,
+    pub(super) seg_acquired: i64,
+    /// Lowest used and acquired bytes.
+    pub(super) min_used: i64,
+    pub(super) min_acquired: i64,
+    /// Live bytes per device, where a trace defines several.
+    pub(super) devices: Devices,
 }
 
 impl Ledger {
-    /// Folds one memory event (not a rebase); returns what it did, for the passes that also
-    /// track blocks.
+    /// Counting from 0; peaks start at `floor` (0: a peak is a rise above the start; `i64::MIN`:
+    /// the highest reached, even below the start, as a window of the parallel replay needs).
+    pub(super) fn new(floor: i64) -> Ledger {
+        Ledger {
+            used: 0,
+            acquired: 0,
+            counts: Counts::default(),
+            saturated: false,
+            peak_used: (floor, 0, 0),
+            peak_acquired: (floor, 0),
+            seg_used: i64::MIN,
+            seg_acquired: i64::MIN,
+            min_used: 0,
+            min_acquired: 0,
+            devices: Devices::default(),
+        }
+    }
+
+    /// A new stretch of the highest bytes begins (at a mark).
+    pub(super) fn new_stretch(&mut self) {
+        self.seg_used = i64::MIN;
+        self.seg_acquired = i64::MIN;
+    }
+
+    /// Folds one memory event (not a rebase), the `ordinal`-th in merge order, at `ticks`;
+    /// returns what it did, for the passes that also track blocks.
     #[inline(always)]
-    pub(super) fn apply(&mut self, e: &fb::MemEvent, units: &Units) -> Effect {
+    pub(super) fn apply(
+        &mut self,
+        e: &fb::MemEvent,
+        units: &Units,
+        ticks: u64,
+        ordinal: u64,
+    ) -> Effect {
         let effect = Effect::of(e, units);
         match effect {
             Effect::Malloc { size } => {
                 self.counts.mallocs += 1;
-                self.used = self.add(self.used, signed(size));
+                let u = self.add(self.used, signed(size));
+                self.used = u;
+                self.seg_used = self.seg_used.max(u);
+                if u > self.peak_used.0 {
+                    self.peak_used = (u, ticks, ordinal);
+                }
+                self.devices.apply(e.device(), signed(size), ticks);
             }
             Effect::Free { bytes } => {
                 self.counts.frees += 1;
-                self.used = self.sub(self.used, signed(bytes));
+                let u = self.sub(self.used, signed(bytes));
+                self.used = u;
+                self.min_used = self.min_used.min(u);
+                self.devices
+                    .apply(e.device(), signed(bytes).saturating_neg(), ticks);
             }
             Effect::Acquire { bytes } => {
                 self.counts.allocs += 1;
-                self.acquired = self.add(self.acquired, signed(bytes));
+                let a = self.add(self.acquired, signed(bytes));
+                self.acquired = a;
+                self.seg_acquired = self.seg_acquired.max(a);
+                if a > self.peak_acquired.0 {
+                    self.peak_acquired = (a, ticks);
+                }
             }
             Effect::Release { bytes } => {
                 self.counts.releases += 1;
-                self.acquired = self.sub(self.acquired, signed(bytes));
+                let a = self.sub(self.acquired, signed(bytes));
+                self.acquired = a;
+                self.min_acquired = self.min_acquired.min(a);
             }
             Effect::OutOfMemory { .. } => self.counts.ooms += 1,
             Effect::FailedMalloc { .. }
@@ -183,8 +244,20 @@ impl Ledger {
 /// of the parallel replay counts from its own start; [`Devices::after`] combines them).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Devices {
+    /// Whether to count at all: only for a trace that defines several devices (see
+    /// [`several_devices`]); with one, its figures are the pool's, and the replay's hot loop
+    /// pays nothing.
+    pub(super) on: bool,
     /// By device id.
     pub(super) of: Vec<DeviceBytes>,
+}
+
+/// Whether a trace defines more than one device, so that each one's own figures differ from
+/// the pool's.
+pub(super) fn several_devices(trace: &crate::read::Trace) -> bool {
+    let mut ids = trace.defs.devices.iter().map(|d| d.id);
+    let first = ids.next();
+    ids.any(|id| Some(id) != first)
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -198,14 +271,16 @@ pub(super) struct DeviceBytes {
 }
 
 impl Devices {
-    /// What an event that did `effect` on `device` at `ticks` does to that device's bytes.
+    /// `delta` live bytes on `device` at `ticks`.
     #[inline(always)]
-    pub(super) fn apply(&mut self, device: u8, effect: Effect, ticks: u64) {
-        let delta = match effect {
-            Effect::Malloc { size } => signed(size),
-            Effect::Free { bytes } => signed(bytes).saturating_neg(),
-            _ => return,
-        };
+    pub(super) fn apply(&mut self, device: u8, delta: i64, ticks: u64) {
+        if self.on {
+            self.count(device, delta, ticks);
+        }
+    }
+
+    #[inline]
+    fn count(&mut self, device: u8, delta: i64, ticks: u64) {
         let i = device as usize;
         if i >= self.of.len() {
             self.of.resize(i + 1, DeviceBytes::default());

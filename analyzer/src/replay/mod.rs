@@ -244,9 +244,14 @@ fn assemble(
     // The categories' walk goes through every memory event and passes the peak: it gives the
     // live bytes there too, so the walk to the peak is needed only without it.
     let walked = wants_categories(trace, opts).then(|| {
-        categories::categories(trace, timeline.peak_ordinal, &opts.category_rules, progress)
+        categories::categories(
+            trace,
+            timeline.peak_ordinal(),
+            &opts.category_rules,
+            progress,
+        )
     });
-    let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal) {
+    let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal()) {
         (Some(w), _) if opts.live_at_peak => w.live_at_peak.clone(),
         (None, Some(peak)) if opts.live_at_peak => {
             timeline::in_time_order(trace, 0, vec![peak], usize::MAX, progress)

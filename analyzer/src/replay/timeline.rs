@@ -9,7 +9,7 @@ use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::downsample::Downsampler;
-use super::fold::{Devices, Effect, Ledger};
+use super::fold::{several_devices, Effect, Ledger};
 use super::merge::{sorted_marks, walk_decoding, Sink};
 use super::profile::{DevicePeak, EpochFigures, PoolFigures, Series};
 use super::stacks::PerStack;
@@ -20,14 +20,6 @@ use crate::read::Trace;
 pub(super) struct Timeline {
     /// Used and acquired bytes now, and the counts.
     pub(super) ledger: Ledger,
-    /// Live bytes per device, and each one's peak.
-    pub(super) devices: Devices,
-    pub(super) peak_used: i64,
-    pub(super) peak_used_ticks: u64,
-    pub(super) peak_acquired: i64,
-    pub(super) peak_acquired_ticks: u64,
-    /// Ordinal (in merge order) of the memory event that reached the used peak.
-    pub(super) peak_ordinal: Option<u64>,
     pub(super) ordinal: u64,
     pub(super) open_epoch: Option<OpenEpoch>,
     pub(super) epochs: Vec<RawEpoch>,
@@ -90,15 +82,15 @@ pub(super) struct RawEpoch {
 }
 
 impl Timeline {
+    /// Ordinal (in merge order) of the memory event that reached the used peak.
+    pub(super) fn peak_ordinal(&self) -> Option<u64> {
+        let (bytes, _, ordinal) = self.ledger.peak_used;
+        (bytes > 0).then_some(ordinal)
+    }
+
     pub(super) fn new(t0: u64, points: usize, stops: Vec<u64>, keep: usize) -> Timeline {
         Timeline {
-            ledger: Ledger::default(),
-            devices: Devices::default(),
-            peak_used: 0,
-            peak_used_ticks: 0,
-            peak_acquired: 0,
-            peak_acquired_ticks: 0,
-            peak_ordinal: None,
+            ledger: Ledger::new(0),
             ordinal: 0,
             open_epoch: None,
             epochs: Vec::new(),
@@ -122,19 +114,8 @@ impl Timeline {
         units: &Units,
         track: bool,
     ) -> Option<Live> {
-        let effect = self.ledger.apply(e, units);
-        self.devices.apply(e.device(), effect, ticks);
+        let effect = self.ledger.apply(e, units, ticks, self.ordinal);
         let (used, acquired) = (self.ledger.used, self.ledger.acquired);
-        // Only a rise reaches a new peak, so one compare after any event finds it.
-        if used > self.peak_used {
-            self.peak_used = used;
-            self.peak_used_ticks = ticks;
-            self.peak_ordinal = Some(self.ordinal);
-        }
-        if acquired > self.peak_acquired {
-            self.peak_acquired = acquired;
-            self.peak_acquired_ticks = ticks;
-        }
         let live = if track { self.track(e, effect) } else { None };
         if let Some(ep) = &mut self.open_epoch {
             ep.gpu_max = ep.gpu_max.max(used);
@@ -249,10 +230,10 @@ impl Timeline {
 
     pub(super) fn pool(&self, trace: &Trace) -> PoolFigures {
         PoolFigures {
-            peak_used_bytes: self.peak_used.max(0) as u64,
-            peak_used_ns: trace.ns_since_start(self.peak_used_ticks),
-            peak_acquired_bytes: self.peak_acquired.max(0) as u64,
-            peak_acquired_ns: trace.ns_since_start(self.peak_acquired_ticks),
+            peak_used_bytes: self.ledger.peak_used.0.max(0) as u64,
+            peak_used_ns: trace.ns_since_start(self.ledger.peak_used.1),
+            peak_acquired_bytes: self.ledger.peak_acquired.0.max(0) as u64,
+            peak_acquired_ns: trace.ns_since_start(self.ledger.peak_acquired.1),
             used_at_end_bytes: self.ledger.used,
             acquired_at_end_bytes: self.ledger.acquired,
             mallocs: self.ledger.counts.mallocs,
@@ -263,23 +244,32 @@ impl Timeline {
         }
     }
 
-    /// Each device's own peak, for every device that had blocks.
+    /// Each device's own peak, for every device that had blocks. A trace that defines one
+    /// device (or none) is counted as one: its peak is the pool's.
     pub(super) fn device_peaks(&self, trace: &Trace) -> Vec<DevicePeak> {
-        let seen: Vec<(usize, _)> = (self.devices.of.iter().enumerate())
+        let peak = |id: usize, used: i64, peak: i64, ticks: u64| {
+            let def = trace.defs.devices.iter().find(|x| x.id as usize == id);
+            DevicePeak {
+                device: id as u32,
+                name: def.map_or_else(|| format!("device {id}"), |x| x.name.clone()),
+                kind: def.map_or("unspecified", |x| x.kind.name()),
+                peak_used_bytes: peak.max(0) as u64,
+                peak_used_ns: trace.ns_since_start(ticks),
+                used_at_end_bytes: used,
+            }
+        };
+        if !several_devices(trace) {
+            let c = &self.ledger.counts;
+            if c.mallocs + c.frees == 0 {
+                return Vec::new();
+            }
+            let id = trace.defs.devices.first().map_or(0, |d| d.id as usize);
+            let (top, ticks, _) = self.ledger.peak_used;
+            return vec![peak(id, self.ledger.used, top, ticks)];
+        }
+        (self.ledger.devices.of.iter().enumerate())
             .filter(|(_, d)| d.seen)
-            .collect();
-        seen.into_iter()
-            .map(|(id, d)| {
-                let def = trace.defs.devices.iter().find(|x| x.id as usize == id);
-                DevicePeak {
-                    device: id as u32,
-                    name: def.map_or_else(|| format!("device {id}"), |x| x.name.clone()),
-                    kind: def.map_or("unspecified", |x| x.kind.name()),
-                    peak_used_bytes: d.peak.max(0) as u64,
-                    peak_used_ns: trace.ns_since_start(d.peak_ticks),
-                    used_at_end_bytes: d.used,
-                }
-            })
+            .map(|(id, d)| peak(id, d.used, d.peak, d.peak_ticks))
             .collect()
     }
 
@@ -398,6 +388,7 @@ pub(super) fn in_time_order_folding(
     let units = Units::of(trace);
     let track = !stops.is_empty();
     let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
+    tl.ledger.devices.on = several_devices(trace);
     let marks = sorted_marks(trace);
     let (fed, acc) = walk_decoding(trace, &marks, &mut (&mut tl, &units, track), fold, progress);
     if !track {

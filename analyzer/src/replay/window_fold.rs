@@ -4,7 +4,7 @@
 use poolsight_schema::fb;
 
 use super::downsample::Bucket;
-use super::fold::{Devices, Ledger};
+use super::fold::Ledger;
 use super::merge::Stream;
 use super::timeline::Timeline;
 use super::Units;
@@ -25,19 +25,7 @@ pub(super) struct WindowFold {
     bad: bool,
     /// Used and acquired bytes since the window's start, and the counts.
     pub(super) ledger: Ledger,
-    /// The same per device, with each one's peak.
-    pub(super) devices: Devices,
-    /// Lowest used and acquired bytes (the highest are the peaks').
-    pub(super) min_used: i64,
-    pub(super) min_acquired: i64,
-    /// Highest used bytes, first reached: (bytes, ticks, ordinal in this window); bytes
-    /// `i64::MIN` before any event.
-    pub(super) peak_used: (i64, u64, u64),
-    pub(super) peak_acquired: (i64, u64),
     pub(super) ordinal: u64,
-    /// Highest used and acquired bytes since the last mark (or the window's start).
-    pub(super) seg_used: i64,
-    pub(super) seg_acquired: i64,
     pub(super) marks: Vec<WindowMark>,
     /// (bucket index, bucket) in merge order, one entry per run of equal indices, the open
     /// one (`open`) not yet among them.
@@ -89,15 +77,8 @@ impl WindowFold {
             t0,
             shift,
             bad: false,
-            ledger: Ledger::default(),
-            devices: Devices::default(),
-            min_used: 0,
-            min_acquired: 0,
-            peak_used: (i64::MIN, 0, 0),
-            peak_acquired: (i64::MIN, 0),
+            ledger: Ledger::new(i64::MIN),
             ordinal: 0,
-            seg_used: i64::MIN,
-            seg_acquired: i64::MIN,
             marks: Vec::new(),
             buckets: Vec::new(),
             open: (
@@ -132,21 +113,8 @@ impl WindowFold {
         if ticks >= self.edge {
             self.open_bucket(ticks);
         }
-        let effect = self.ledger.apply(e, units);
-        self.devices.apply(e.device(), effect, ticks);
+        self.ledger.apply(e, units, ticks, self.ordinal);
         let (u, a) = (self.ledger.used, self.ledger.acquired);
-        // Maxima only rise and minima only fall at a change, so one compare after any event
-        // finds them.
-        self.seg_used = self.seg_used.max(u);
-        self.seg_acquired = self.seg_acquired.max(a);
-        self.min_used = self.min_used.min(u);
-        self.min_acquired = self.min_acquired.min(a);
-        if u > self.peak_used.0 {
-            self.peak_used = (u, ticks, self.ordinal);
-        }
-        if a > self.peak_acquired.0 {
-            self.peak_acquired = (a, ticks);
-        }
         // The open bucket keeps the highest used bytes first reached in it (as `Bucket::max`
         // folds them) and the highest acquired bytes.
         let b = &mut self.open.1;
@@ -194,11 +162,10 @@ impl WindowFold {
             mark: *m,
             used: self.ledger.used,
             acquired: self.ledger.acquired,
-            seg_used: self.seg_used,
-            seg_acquired: self.seg_acquired,
+            seg_used: self.ledger.seg_used,
+            seg_acquired: self.ledger.seg_acquired,
         });
-        self.seg_used = i64::MIN;
-        self.seg_acquired = i64::MIN;
+        self.ledger.new_stretch();
     }
 }
 
@@ -229,9 +196,11 @@ impl Timeline {
             }
             let (base_used, base_acquired) = (tl.ledger.used, tl.ledger.acquired);
             // The window's bytes ranged from its lowest to its peak (0 where nothing rose).
-            let (max_used, max_acquired) = (w.peak_used.0.max(0), w.peak_acquired.0.max(0));
-            let used = |rel: i64| shifted(base_used, rel, w.min_used, max_used);
-            let acquired = |rel: i64| shifted(base_acquired, rel, w.min_acquired, max_acquired);
+            let (max_used, max_acquired) =
+                (w.ledger.peak_used.0.max(0), w.ledger.peak_acquired.0.max(0));
+            let used = |rel: i64| shifted(base_used, rel, w.ledger.min_used, max_used);
+            let acquired =
+                |rel: i64| shifted(base_acquired, rel, w.ledger.min_acquired, max_acquired);
             // The highest bytes of a stretch between marks raise the open epoch's maxima.
             let stretch = |tl: &mut Timeline, seg_used: i64, seg_acquired: i64| -> Option<()> {
                 if let Some(ep) = &mut tl.open_epoch {
@@ -250,24 +219,21 @@ impl Timeline {
                 tl.ledger.acquired = acquired(m.acquired)?;
                 tl.mark(&m.mark);
             }
-            stretch(&mut tl, w.seg_used, w.seg_acquired)?;
+            stretch(&mut tl, w.ledger.seg_used, w.ledger.seg_acquired)?;
             // A window without a malloc (or a device alloc) has no peak of its own: the
             // placeholder is not a byte count.
-            let (p, ticks, ordinal) = w.peak_used;
+            let (p, ticks, ordinal) = w.ledger.peak_used;
             if p != i64::MIN {
                 let p = used(p)?;
-                if p > tl.peak_used {
-                    tl.peak_used = p;
-                    tl.peak_used_ticks = ticks;
-                    tl.peak_ordinal = Some(tl.ordinal + ordinal);
+                if p > tl.ledger.peak_used.0 {
+                    tl.ledger.peak_used = (p, ticks, tl.ordinal + ordinal);
                 }
             }
-            let (p, ticks) = w.peak_acquired;
+            let (p, ticks) = w.ledger.peak_acquired;
             if p != i64::MIN {
                 let p = acquired(p)?;
-                if p > tl.peak_acquired {
-                    tl.peak_acquired = p;
-                    tl.peak_acquired_ticks = ticks;
+                if p > tl.ledger.peak_acquired.0 {
+                    tl.ledger.peak_acquired = (p, ticks);
                 }
             }
             if shift.is_some() {
@@ -286,7 +252,7 @@ impl Timeline {
             tl.ledger.acquired = acquired(w.ledger.acquired)?;
             tl.ordinal += w.ordinal;
             tl.ledger.counts.add(&w.ledger.counts);
-            tl.devices.after(&w.devices);
+            tl.ledger.devices.after(&w.ledger.devices);
         }
         Some(tl)
     }
