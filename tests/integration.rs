@@ -16,6 +16,8 @@ mod bad_input;
 mod ci_gate;
 #[path = "integration/crafted.rs"]
 mod crafted;
+#[path = "integration/device_peaks.rs"]
+mod device_peaks;
 #[path = "integration/diff.rs"]
 mod diff;
 #[path = "integration/drills.rs"]
@@ -36,6 +38,8 @@ mod golden;
 mod html;
 #[path = "integration/parquet.rs"]
 mod parquet;
+#[path = "integration/relabel.rs"]
+mod relabel;
 #[path = "integration/scopes.rs"]
 mod scopes;
 #[path = "integration/snapshot_views.rs"]

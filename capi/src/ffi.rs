@@ -27,20 +27,6 @@ pub const PS_MODE_GROW: u32 = 0;
 /// `PsConfig::mode`: flight recorder, `ring_slots` chunks, the oldest overwritten.
 pub const PS_MODE_RING: u32 = 1;
 
-/// Scope kind: a function (a row of `poolsight functions`).
-pub const PS_SCOPE_FUNCTION: u32 = 1;
-/// Scope kind: a link, by convention a layer's class name (`poolsight timers --links`).
-pub const PS_SCOPE_LINK: u32 = 2;
-/// Scope kind: any other named region.
-pub const PS_SCOPE_USER: u32 = 3;
-
-/// Phase of a scope: none.
-pub const PS_PHASE_NONE: u32 = 0;
-/// Phase of a function scope: the forward computation.
-pub const PS_PHASE_FORWARD: u32 = 1;
-/// Phase of a function scope: the backward computation.
-pub const PS_PHASE_BACKWARD: u32 = 2;
-
 /// An open scope, from `ps_scope_enter` for `ps_scope_exit`. Opaque: copy it, store it,
 /// give it back on the thread that opened it.
 #[repr(C)]
@@ -255,7 +241,7 @@ pub unsafe extern "C" fn ps_scope_enter(
         } else {
             text(file, "file")?
         };
-        // The PS_ values are the trace format's (a test below pins them to the schema).
+        // The PS_ values are the trace format's (`constants.rs` makes them from its kinds).
         let kind = u8::try_from(kind)
             .ok()
             .and_then(|k| FrameKind::try_from(k).ok())
@@ -367,6 +353,29 @@ pub unsafe extern "C" fn ps_stack_push(
         let file = text(file, "file")?;
         let function = text(function, "function")?;
         Ok(rec.session.push_frame(parent, file, line, function))
+    })
+}
+
+/// Says that the block at `ptr` on device `device` (`bytes`, the size it was allocated with)
+/// now belongs to `stack` (from `ps_stack_*`), its live bytes unchanged: for a block whose
+/// owner or kind is known only later (a buffer that becomes a model's state). Reports of what
+/// is live at an instant show it under `stack` from now on; cumulative figures (bytes
+/// allocated per function and line) keep it where it was allocated. Returns 0, or -1 with
+/// `ps_last_error`.
+///
+/// # Safety
+/// `rec` is a live recorder.
+#[no_mangle]
+pub unsafe extern "C" fn ps_relabel(
+    rec: *const PsRecorder,
+    device: u32,
+    ptr: u64,
+    bytes: u64,
+    stack: u32,
+) -> c_int {
+    guard(-1, || {
+        recorder(rec)?.session.relabel(device, ptr, bytes, stack);
+        Ok(0)
     })
 }
 
@@ -486,21 +495,4 @@ pub unsafe extern "C" fn ps_pool_destroy(pool: *mut PsPool) {
         }
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The C constants are literals (cbindgen writes them into the header); they must stay the
-    /// trace format's values.
-    #[test]
-    fn constants_are_the_schemas_values() {
-        assert_eq!(PS_SCOPE_FUNCTION, FrameKind::Function as u32);
-        assert_eq!(PS_SCOPE_LINK, FrameKind::Link as u32);
-        assert_eq!(PS_SCOPE_USER, FrameKind::Scope as u32);
-        assert_eq!(PS_PHASE_NONE, Phase::None as u32);
-        assert_eq!(PS_PHASE_FORWARD, Phase::Forward as u32);
-        assert_eq!(PS_PHASE_BACKWARD, Phase::Backward as u32);
-    }
 }

@@ -48,6 +48,8 @@ pub struct Session {
     late: AtomicU64,
     handle: Handle,
     path: String,
+    /// Device ids defined in the trace so far (observers' and pools').
+    devices: Mutex<Vec<u32>>,
 }
 
 impl Session {
@@ -61,6 +63,7 @@ impl Session {
             late: AtomicU64::new(0),
             handle,
             path: path.display().to_string(),
+            devices: Mutex::new(Vec::new()),
         })
     }
 
@@ -274,8 +277,26 @@ impl Session {
     /// [`Session::define_device`] with every field: what kind of memory, and whether the events
     /// observe an allocator from outside (see [`DeviceInfo`]).
     pub fn define_device_info(&self, info: DeviceInfo) {
+        self.taken(info.id);
         if let Some(h) = self.live() {
             h.define_device(info);
+        }
+    }
+
+    /// The lowest device id no device of this recording has yet, taken: for an observer or a
+    /// pool whose id is the recording's to choose (PyTorch's tracker, a host pool), so that two
+    /// allocators recorded together never share one device's bytes.
+    pub fn unused_device_id(&self) -> u32 {
+        let mut taken = lock(&self.devices);
+        let id = (0..).find(|i| !taken.contains(i)).unwrap_or(0);
+        taken.push(id);
+        id
+    }
+
+    fn taken(&self, id: u32) {
+        let mut taken = lock(&self.devices);
+        if !taken.contains(&id) {
+            taken.push(id);
         }
     }
 
@@ -292,6 +313,13 @@ impl Session {
     pub fn observed_free(&self, device: u32, ptr: u64, bytes: u64) {
         self.mem_event(MemKind::FreePost, device, 0, ptr, bytes, 0, 0);
         self.mem_event(MemKind::Release, device, 0, ptr, bytes, 0, 0);
+    }
+
+    /// The block at `ptr` (`bytes`, as its allocation was accounted) now belongs to `stack`,
+    /// its live bytes unchanged: one `Relabel` event (see [`Handle::record_relabel`]), where a
+    /// free and an allocation would count the block twice in cumulative figures.
+    pub fn relabel(&self, device: u32, ptr: u64, bytes: u64, stack: u32) {
+        self.mem_event(MemKind::Relabel, device, 0, ptr, bytes, stack, 0);
     }
 
     /// Records one memory event seen by an observer of another allocator. Once the recording
@@ -335,6 +363,7 @@ impl Session {
     /// thread; its device is defined in the trace.
     fn attach(&self, pool: &MemoryPool) -> Result<(), SessionError> {
         let handle = self.handle()?;
+        self.taken(pool.device().id());
         // A pool made just now has no hook yet.
         let _ = pool.record_to(TraceHook::for_pool(handle.clone(), pool));
         Ok(())

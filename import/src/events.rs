@@ -4,11 +4,12 @@
 use std::path::Path;
 
 use poolsight_recorder::{
-    ClockSource, DeviceInfo, DeviceKind, Frame, FrameKind, ImportInfo, MarkKind, MemKind,
-    MemRecord, Phase, Recorder, RecorderConfig,
+    ClockSource, Frame, FrameKind, ImportInfo, MarkKind, MemKind, MemRecord, Phase, Recorder,
+    RecorderConfig,
 };
 use rustc_hash::FxHashMap;
 
+use crate::device::pytorch_device;
 use crate::frames::FrameFilter;
 use crate::ImportError;
 
@@ -231,24 +232,8 @@ impl Events {
                 .iter()
                 .map(|&id| {
                     let cpu = self.cpu_device == Some(id);
-                    DeviceInfo {
-                        id,
-                        // PyTorch's own names for them.
-                        name: if cpu {
-                            "cpu".into()
-                        } else {
-                            format!("cuda:{id}")
-                        },
-                        capacity: 0,
-                        // Sizes are the file's own (a snapshot's: the bytes asked for).
-                        allocation_unit: 1,
-                        kind: if cpu {
-                            DeviceKind::Cpu
-                        } else {
-                            DeviceKind::Gpu
-                        },
-                        observed: self.observed,
-                    }
+                    let kind = if cpu { "cpu" } else { "cuda" };
+                    pytorch_device(id, kind, Some(id), self.observed)
                 })
                 .collect(),
             // The same for every rank of a job, so that they merge as one run's.

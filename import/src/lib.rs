@@ -13,6 +13,7 @@
 //!
 //! This crate depends on the schema and the recorder only, never on the analyzer.
 
+pub mod device;
 pub mod events;
 pub mod frames;
 pub mod infer;

@@ -13,7 +13,8 @@ their recording, and scopes opened with it (``poolsight.torch.hook(model)``), re
 The figures are the analyzer's (``poolsight report`` of the test's trace):
 
 - ``@pytest.mark.limit_memory("2 GB", device=None)`` fails a test whose peak of live bytes is
-  above the limit, naming the stacks that held most at the peak;
+  above the limit, naming the stacks that held most at the peak; with ``device`` ('cpu',
+  'cuda', 'cuda:N'), the peak of that device's live bytes alone (of each such device);
 - ``@pytest.mark.limit_leaks("1 MB", warmups=0)`` fails a test that leaves more than that alive
   once it has returned (after a garbage collection); ``warmups`` runs it that many times
   unrecorded first, so that caches filled once are not counted as leaks.
@@ -406,6 +407,22 @@ def _stacks(figures: dict, n: int = _STACKS_SHOWN) -> str:
     return "\n".join(lines)
 
 
+def _peak_on(f: dict, device: str | None) -> tuple[int, str]:
+    """The peak a ``limit_memory`` checks, and where it is (for the message): every device's
+    live bytes together without ``device``; with it, the highest own peak of the devices it
+    names (each device's live bytes alone, at that device's own peak; 0 when none of them held
+    anything)."""
+    if device is None:
+        return f["peak_bytes"], ""
+    own = {name: b for name, kind, b in f["device_peaks"] if _on_device(name, kind, device)}
+    if not own:
+        return 0, f" on {device}"
+    name = max(own, key=own.get)
+    if len(f["device_peaks"]) == 1:
+        return own[name], f" on {name}"
+    return own[name], f" on {name} (its own peak; the test used other devices too)"
+
+
 def _kept(result: _Result) -> str:
     return "" if result.kept else " (removed at exit: keep it with --poolsight-dir DIR)"
 
@@ -415,26 +432,9 @@ def _check(lim: _Limit, result: _Result) -> str | None:
     f = result.figures
     assert f is not None
     if lim.marker == "limit_memory":
-        peak = f["peak_bytes"]
+        peak, where = _peak_on(f, lim.device)
         if peak <= lim.limit:
             return None
-        where = ""
-        if lim.device is not None:
-            on = [name for name, kind in f["devices"] if _on_device(name, kind, lim.device)]
-            other = sorted(
-                name for name, kind in f["devices"] if not _on_device(name, kind, lim.device)
-            )
-            if not on:
-                return None  # nothing was recorded on that device: its peak is 0
-            if other:
-                # The analyzer's peak is over every device the trace holds: above the limit
-                # overall, so maybe on the device too, but it cannot say which part is whose.
-                where = (
-                    f" (the peak of every device recorded, {', '.join(other)} included: "
-                    f"poolsight does not yet split a peak by device)"
-                )
-            else:
-                where = f" on {lim.device}"
         return (
             f"poolsight: the test's peak of live bytes{where} is {size(peak)} ({peak:,} B), "
             f"above its limit of {size(lim.limit)} ({lim.limit:,} B).\n"

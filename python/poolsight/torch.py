@@ -15,9 +15,7 @@ Three ways to record a PyTorch program, from the most exact to the least intrusi
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import sysconfig
 import threading
 import types
 import weakref
@@ -28,8 +26,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import PoolsightError, Recording, _native, _recording, active
+from . import PoolsightError, Recording, _native, _recording
 from ._calls import OpenCalls, raised_in
+from ._torch_pool import empty_cache, memory_stats, set_limit, use_pool
+from ._torch_sites import _Sites
 
 __all__ = [
     "CATEGORIES",
@@ -55,85 +55,6 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-# -- the allocator --------------------------------------------------------------------------------
-
-
-def _cuda_device_index(device: Any) -> int:
-    if device is None:
-        return 0
-    d = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
-    if d.type != "cuda":
-        raise ValueError(f"use_pool serves CUDA devices; {str(d)!r} is not one")
-    return d.index or 0
-
-
-def use_pool(
-    device: Any = None,
-    *,
-    recorder: Recording | None = None,
-    stacks: str | None = None,
-    max_depth: int | None = None,
-    limit: int | None = None,
-) -> None:
-    """Makes poolsight's pool PyTorch's CUDA allocator (``CUDAPluggableAllocator``).
-
-    Call it before anything touches CUDA (PyTorch allows one allocator change, before its
-    first CUDA allocation). With a recording (``recorder``, or the one open with
-    :func:`poolsight.record`) every allocation is recorded with its stack at the recording's
-    ``stacks`` level, into that recording for as long as the process runs (the pool stays
-    PyTorch's allocator; once the recording is finished, its events count as its dropped
-    events). ``limit`` caps the bytes the pool holds on ``device``.
-
-    What changes: ``torch.cuda.memory_allocated()`` and friends no longer see the memory (they
-    report PyTorch's own allocator); use :func:`memory_stats`. ``torch.cuda.empty_cache()``
-    does not reach the pool; use :func:`empty_cache`.
-    """
-    index = _cuda_device_index(device)
-    if not torch.cuda.is_available():
-        raise RuntimeError(
-            "poolsight.torch.use_pool needs CUDA, and torch.cuda.is_available() is False here; "
-            "poolsight.torch.track() records on any device"
-        )
-    if index >= torch.cuda.device_count():
-        raise ValueError(f"cuda:{index} does not exist ({torch.cuda.device_count()} devices)")
-    if torch.cuda.is_initialized():
-        raise RuntimeError(
-            "poolsight.torch.use_pool must run before CUDA is first used in this process "
-            "(PyTorch cannot change its allocator afterwards): call it at the start"
-        )
-    rec = recorder if recorder is not None else active()
-    level = stacks or (rec.stacks if rec is not None else "scopes")
-    depth = max_depth if max_depth is not None else (rec.max_depth if rec is not None else 0)
-    if level not in ("scopes", "python"):
-        raise ValueError(f"stacks must be 'scopes' or 'python', not {level!r}")
-    _native.torch_allocator_install(
-        rec._native if rec is not None else None, level == "python", depth
-    )
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(
-        _native.__file__, "poolsight_torch_malloc", "poolsight_torch_free"
-    )
-    torch.cuda.memory.change_current_allocator(allocator)
-    if limit is not None:
-        _native.torch_allocator_set_limit(index, int(limit))
-
-
-def memory_stats(device: Any = None) -> dict:
-    """What ``torch.cuda.memory_stats`` would say for poolsight's pool on ``device``:
-    allocated, reserved and cached bytes, the limit, live allocations, failed mallocs.
-    Empty before :func:`use_pool` or before the device's first allocation."""
-    return _native.torch_allocator_stats(_cuda_device_index(device)) or {}
-
-
-def empty_cache(device: Any = None) -> int:
-    """Returns the pool's cached blocks on ``device`` to CUDA; the bytes released."""
-    return _native.torch_allocator_empty_cache(_cuda_device_index(device))
-
-
-def set_limit(nbytes: int, device: Any = None) -> None:
-    """Caps the bytes poolsight's pool may hold on ``device`` (0: no limit)."""
-    _native.torch_allocator_set_limit(_cuda_device_index(device), int(nbytes))
-
-
 # -- where a call comes from: the user's line ---------------------------------------------------
 
 #: Folders whose code is a library's, not yours: an allocation's stack names the innermost line of
@@ -142,90 +63,6 @@ def set_limit(nbytes: int, device: Any = None) -> None:
 #: ``dist-packages`` folder are always libraries; add a folder here (before ``track()`` or
 #: ``hook()``) for a library installed elsewhere, e.g. an editable install of a framework.
 LIBRARY_DIRS: list[str] = []
-
-
-def _library_roots() -> tuple[str, ...]:
-    roots = set(LIBRARY_DIRS)
-    paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib"):
-        if paths.get(key):
-            roots.add(paths[key])
-    roots.add(os.path.dirname(os.path.abspath(__file__)))  # poolsight itself
-    return tuple(os.path.join(os.path.abspath(r), "") for r in roots if r)
-
-
-_PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
-
-
-def _short_path(file: str, cwd: str) -> str:
-    """``file`` as a person reads it: relative to the working directory when under it, else
-    from the package folder on (``torch/nn/modules/linear.py``), else as it is."""
-    if file.startswith(cwd):
-        return file[len(cwd) :]
-    for marker in _PACKAGE_DIRS:
-        i = file.rfind(marker)
-        if i >= 0:
-            return file[i + len(marker) :]
-    return file
-
-
-class _Sites:
-    """The user's line of a call, as a frame under a stack: the innermost Python frame whose
-    code is not a library's (see :data:`LIBRARY_DIRS`). Each code object is judged once."""
-
-    def __init__(self, native: Any):
-        self._native = native
-        self._roots = _library_roots()
-        self._cwd = os.path.join(os.getcwd(), "")
-        # code -> (short file, function) for the user's code, None for a library's.
-        self._codes: dict[Any, tuple[str, str] | None] = {}
-        self._stacks: dict[tuple[int, Any, int], int] = {}
-
-    def _judge(self, code: Any) -> tuple[str, str] | None:
-        file = code.co_filename
-        library = (
-            file.startswith(self._roots)
-            or any(m in file for m in _PACKAGE_DIRS)
-            or file.startswith("<frozen")
-        )
-        verdict = None if library else (_short_path(file, self._cwd), code.co_name)
-        self._codes[code] = verdict
-        return verdict
-
-    def user_frame(self, frame: Any) -> Any:
-        """The innermost frame from ``frame`` out whose code is the user's (None: none is)."""
-        codes = self._codes
-        while frame is not None:
-            code = frame.f_code
-            site = codes.get(code, False)
-            if site is False:
-                site = self._judge(code)
-            if site is not None:
-                return frame
-            frame = frame.f_back
-        return None
-
-    def stack(self, parent: int, frame: Any, skip: Any = None) -> int:
-        """``parent`` plus the user's line of the call made from ``frame`` (``parent`` alone
-        when every frame is a library's, or when the user's frame is ``skip``)."""
-        frame = self.user_frame(frame)
-        if frame is None or frame is skip:
-            return parent
-        code = frame.f_code
-        key = (parent, code, frame.f_lineno)
-        stack = self._stacks.get(key)
-        if stack is None:
-            site = self._codes[code]
-            stack = self._native.frame_under(parent, site[0], frame.f_lineno, site[1])
-            self._stacks[key] = stack
-        return stack
-
-    def link_site(self, module: torch.nn.Module) -> tuple[str, int]:
-        """Where ``module``'s class defines ``forward``: its link frame's file and line."""
-        code = getattr(type(module).forward, "__code__", None)
-        if code is None:
-            return "", 0
-        return _short_path(code.co_filename, self._cwd), code.co_firstlineno
 
 
 # -- one state per recording, shared by track() and hook() ---------------------------------------
@@ -267,7 +104,7 @@ class _State:
         self.rec = rec
         self.native = rec._native
         self.calls = OpenCalls()
-        self.sites = _Sites(self.native)
+        self.sites = _Sites(self.native, LIBRARY_DIRS)
         self.local = _Local()
         # id(module) -> [users, handles]
         self.modules: dict[int, list] = {}

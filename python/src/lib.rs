@@ -16,6 +16,7 @@ use poolsight_recorder::{
     DeviceInfo, DeviceKind, FrameKind, MemKind, Mode, Phase, RecorderConfig, ScopeKind, ScopeToken,
 };
 
+mod alloc_shim;
 mod autograd;
 mod cupy_alloc;
 mod cupy_hook;
@@ -205,6 +206,14 @@ impl Recorder {
     #[pyo3(signature = (size, ptr, stack, device=0))]
     fn observed(&self, size: u64, ptr: u64, stack: u32, device: u32) {
         self.session.observed(device, ptr, size, stack);
+    }
+
+    /// The block at ``ptr`` (``size`` bytes, as it was recorded) now belongs to ``stack``, its
+    /// live bytes unchanged: one ``RELABEL`` event. Views of what is live at an instant move
+    /// it; cumulative figures keep it where it was allocated, counted once.
+    #[pyo3(signature = (size, ptr, stack, device=0))]
+    fn relabel(&self, size: u64, ptr: u64, stack: u32, device: u32) {
+        self.session.relabel(device, ptr, size, stack);
     }
 
     /// Closes the scope of ``token`` (from ``enter`` on this thread).
@@ -527,7 +536,12 @@ impl Pool {
         };
         let session = recorder.as_ref().map(|r| Arc::clone(&r.get().session));
         let pool = match device {
-            "host" => SessionPool::host(session, 0, capacity),
+            // Device 0, or the first id the recording's other allocators (PyTorch's tensors
+            // observed by track()) left free.
+            "host" => {
+                let id = session.as_ref().map_or(0, |s| s.unused_device_id());
+                SessionPool::host(session, id, capacity)
+            }
             d => match d.strip_prefix("cuda:").and_then(|n| n.parse::<u32>().ok()) {
                 Some(n) => py.detach(|| SessionPool::cuda(session, n)),
                 None => {
@@ -652,6 +666,8 @@ fn pack<'py>(
 
 /// What a finished trace's peak is made of, as the analyzer replays it for ``poolsight report``
 /// and ``flamegraph --metric peak``: {peak_bytes, peak_ns, end_bytes, devices: [(name, kind)],
+/// device_peaks: [(name, kind, peak_bytes)] (each device's own peak, for every device that had
+/// blocks),
 /// at_peak: [(frames, bytes)], categories: [(name, at_peak_bytes, at_end_bytes)], warnings};
 /// ``at_peak`` holds each stack's bytes live at the peak (``export --format folded --metric
 /// peak``), outermost frame first; ``categories`` is ``poolsight categories``' (empty for a
@@ -694,6 +710,11 @@ fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, 
         .map(|d| (d.name.as_str(), d.kind.name()))
         .collect();
     d.set_item("devices", devices)?;
+    // Each device's own peak, for every device that had blocks.
+    let device_peaks: Vec<(&str, &str, u64)> = (source.device_peaks.iter())
+        .map(|p| (p.name.as_str(), p.kind, p.peak_used_bytes))
+        .collect();
+    d.set_item("device_peaks", device_peaks)?;
     d.set_item("at_peak", at_peak)?;
     // By memory category (a trace whose allocations carry them): at the peak and at the end.
     let categories: Vec<(String, u64, u64)> = (source.categories.iter())

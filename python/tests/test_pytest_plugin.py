@@ -401,3 +401,41 @@ def test_readme_example_fails_as_the_readme_shows(pytester):
     got, want = message(out), message(shown)
     assert len(want) >= 3, shown
     assert got == want, "\n".join(got)
+
+
+def test_a_device_limit_checks_that_devices_own_peak_when_a_test_mixes_devices(pytester):
+    # 3 MiB in a poolsight pool (its own device) while 2 MiB of CPU tensors live: 5 MiB in all
+    # at the peak, 2 MiB at the CPU's own.
+    pytester.makepyfile(
+        test_mixed="""
+        import poolsight
+        import pytest
+        import torch
+
+        def work():
+            pool = poolsight.Pool(poolsight.active())
+            ptr = pool.malloc(3 << 20)
+            x = torch.ones(1 << 19)
+            del x
+            pool.free(ptr)
+            torch.ones(1 << 18)
+
+        @pytest.mark.limit_memory("4 MB", device="cpu")
+        def test_cpu_within():
+            work()
+
+        @pytest.mark.limit_memory("1 MB", device="cpu")
+        def test_cpu_over():
+            work()
+
+        @pytest.mark.limit_memory("4 MB")
+        def test_all_over():
+            work()
+        """
+    )
+    result = pytester.inline_run("--poolsight", "-p", "no:cacheprovider")
+    result.assertoutcome(passed=1, failed=2)
+    cpu = _failure(result, "test_cpu_over")
+    assert "peak of live bytes on cpu (its own peak; the test used other devices too) is " in cpu
+    assert "is 2.00 MiB (2,097,152 B)" in cpu, cpu
+    assert "is 5.00 MiB (5,242,880 B)" in _failure(result, "test_all_over")

@@ -119,8 +119,9 @@ def record(style, trace):
 
 
 def replay(trace):
-    """poolsight's trace read from its JSON Lines export: the live blocks when used bytes
-    were highest, each as (bytes, category, whether inside an optimizer step)."""
+    """poolsight's trace read from its JSON Lines export (relabels move a block to another
+    stack): the live blocks when used bytes were highest, each as (bytes, category, whether
+    inside an optimizer step)."""
     out = run_cli("export", "--format", "json", trace, "-o", "-").stdout
     stacks, live, used, peak, at_peak = {}, {}, 0, -1, {}
     for line in out.splitlines():
@@ -134,6 +135,9 @@ def replay(trace):
                 peak, at_peak = used, dict(live)
         elif e["type"] == "free_post" and e["ptr"] in live:
             used -= live.pop(e["ptr"])[0]
+        elif e["type"] == "relabel" and e["ptr"] in live:
+            # The block moves to its category's stack; live bytes do not change.
+            live[e["ptr"]] = (live[e["ptr"]][0], e["stack"])
     blocks = []
     for nbytes, s in at_peak.values():
         assert stacks[s]["kind"] == "label", stacks[s]

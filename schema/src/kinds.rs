@@ -92,6 +92,10 @@ kinds! {
         /// Format 1.5: the free of the block at `ptr` (`bytes`) was requested; the allocator
         /// keeps it until other streams are done with it, and its `FreePost` follows.
         FreeRequested = 10, "free_requested";
+        /// Format 1.6: the block at `ptr` (`bytes` its size) now belongs to `stack`, its live
+        /// bytes unchanged (a tensor became a gradient, an optimizer's state): live views move
+        /// it, cumulative figures keep it where it was made.
+        Relabel = 11, "relabel";
     }
 }
 
@@ -254,7 +258,7 @@ mod tests {
             Err(9),
             "the rebase record is no event"
         );
-        assert_eq!(MemKind::try_from(11), Err(11));
+        assert_eq!(MemKind::try_from(12), Err(12));
         for s in ScopeKind::ALL {
             assert_eq!(ScopeKind::try_from(FrameKind::from(*s)), Ok(*s));
         }

@@ -42,8 +42,9 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// [`PACKED_MINOR`]); 1.3 added `MarkKind.ScopeAbort`, the mark of a call that raised; 1.4
 /// added `FrameKind.Label` and `DeviceDef.kind`/`observed` (see [`LABEL_MINOR`]); 1.5 added
 /// what imported traces need: `MemKind.FreeRequested`, the marks `DeviceFree`, `Snapshot` and
-/// `Annotation`, and `Header.import` (see [`IMPORT_MINOR`]).
-pub const FORMAT_MINOR: u16 = 5;
+/// `Annotation`, and `Header.import` (see [`IMPORT_MINOR`]); 1.6 added `MemKind.Relabel`, a
+/// block moved to another stack with its live bytes unchanged.
+pub const FORMAT_MINOR: u16 = 6;
 /// The first minor version with `FrameKind.Label`; in older files an integration's labels are
 /// `Scope` frames with no file and line 0.
 pub const LABEL_MINOR: u16 = 4;

@@ -28,9 +28,9 @@ use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::merge::{walk, Sink};
-use super::profile::{CallBytes, CategoryBytes, CategoryFigures, Frame, ModuleBytes};
+use super::profile::{signed, CallBytes, CategoryBytes, CategoryFigures, Frame, ModuleBytes};
 use super::stacks::frame_of;
-use super::timeline::{served, Timeline};
+use super::timeline::{Live, Timeline};
 use super::{CategoryRule, Units};
 use crate::read::names::FrameKind;
 use crate::read::{ChunkKind, Trace};
@@ -84,7 +84,7 @@ pub(super) fn categories(
         module_seen: Vec::new(),
     };
     walk(trace, &mut w, progress);
-    let used = w.tl.used;
+    let used = w.tl.ledger.used;
     w.calls.finish(used);
     w.figures(trace)
 }
@@ -542,29 +542,28 @@ impl Walk<'_> {
 impl Sink for Walk<'_> {
     #[inline]
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
-        self.calls.advance(ticks, self.tl.used);
-        let key = (e.device(), e.ptr());
-        match e.kind() {
-            fb::MemKind::MallocPost if served(e) => {
-                let size = self.units.mem_size(e.device(), e.bytes());
-                if size > 0 {
-                    // As the tracking does: a pointer handed out twice counts once.
-                    if let Some(&(old, stack)) = self.tl.blocks.get(&key) {
-                        self.add(stack, -(old as i64), ticks);
-                    }
-                    self.add(e.stack(), super::signed(size), ticks);
-                }
-            }
-            fb::MemKind::FreePost => {
-                if let Some(&(size, stack)) = self.tl.blocks.get(&key) {
-                    self.add(stack, -super::signed(size), ticks);
-                }
-            }
-            _ => {}
-        }
+        self.calls.advance(ticks, self.tl.ledger.used);
         let taken = self.tl.snapshots.len();
-        self.tl.mem(ticks, e, &self.units, true);
-        self.calls.used(self.tl.used);
+        match self.tl.mem(ticks, e, &self.units, true) {
+            Some(Live::Added {
+                stack,
+                size,
+                replaced,
+            }) => {
+                // As the tracking does: a pointer handed out twice counts once.
+                if let Some((old, old_stack)) = replaced {
+                    self.add(old_stack, -signed(old), ticks);
+                }
+                self.add(stack, signed(size), ticks);
+            }
+            Some(Live::Removed { stack, size }) => self.add(stack, -signed(size), ticks),
+            Some(Live::Moved { from, to, size }) => {
+                self.add(from, -signed(size), ticks);
+                self.add(to, signed(size), ticks);
+            }
+            None => {}
+        }
+        self.calls.used(self.tl.ledger.used);
         if self.tl.snapshots.len() > taken && self.at_peak.is_none() {
             self.at_peak = Some(self.live.clone());
         }

@@ -8,7 +8,6 @@ use std::sync::mpsc::{sync_channel, Receiver};
 use poolsight_schema::fb;
 
 use super::stacks::{fold_mem, PerStack};
-use super::timeline::Timeline;
 use super::Units;
 use crate::read::{ChunkInfo, ChunkKind, Events, Trace, WINDOW};
 
@@ -277,51 +276,9 @@ pub(super) fn sorted_marks(trace: &Trace) -> Vec<fb::MarkEvent> {
     marks
 }
 
-/// Walks memory events of all threads and the marks in time order. With `stops` (ascending
-/// ordinals), tracks live blocks, takes a [`Snapshot`] of the live bytes by stack (the `keep`
-/// largest stacks) after the memory event of each ordinal, and stops after the last.
-///
-/// The merge picks the thread whose next event is earliest and takes its events while they are
-/// no later than any other thread's next event or the next mark. Threads are few, so a scan
-/// of the heads beats a heap. Pages are given back behind the slowest thread, a window at a
-/// time.
-pub(super) fn in_time_order(
-    trace: &Trace,
-    points: usize,
-    stops: Vec<u64>,
-    keep: usize,
-    progress: Option<&AtomicU64>,
-) -> Timeline {
-    in_time_order_folding(trace, points, stops, keep, false, progress).0
-}
-
 /// Chunks decoded ahead of the merge, per thread: enough to keep the merge busy, few enough
 /// that memory stays a few MB.
 const DECODED_AHEAD: usize = 4;
-
-/// [`in_time_order`]; in a packed trace with `fold`, the threads that decode the memory chunks
-/// ahead (see [`walk_decoding`]) also fold the decoded events by stack, so that the per-stack
-/// pass need not decode them again: the returned [`PerStack`] holds packed memory chunks only.
-pub(super) fn in_time_order_folding(
-    trace: &Trace,
-    points: usize,
-    stops: Vec<u64>,
-    keep: usize,
-    fold: bool,
-    progress: Option<&AtomicU64>,
-) -> (Timeline, PerStack) {
-    let units = Units::of(trace);
-    let track = !stops.is_empty();
-    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
-    let marks = sorted_marks(trace);
-    let (fed, acc) = walk_decoding(trace, &marks, &mut (&mut tl, &units, track), fold, progress);
-    if !track {
-        for m in &marks[fed..] {
-            tl.mark(m);
-        }
-    }
-    (tl, acc)
-}
 
 /// Feeds `sink` every memory event of `trace` in merge order, with `marks` (the trace's,
 /// sorted) in between; returns how many marks were fed (see [`merge_streams`]). In a packed
@@ -390,9 +347,9 @@ pub(super) fn mem_chunks_by_thread(trace: &Trace) -> Vec<(u32, Vec<&ChunkInfo>)>
     by_thread
 }
 
-/// Feeds `sink` every memory event of `trace` in the merge order of [`in_time_order`] (the
-/// same events, marks and ties, so merge ordinals match the replay's), and the marks earlier
-/// than the last of them.
+/// Feeds `sink` every memory event of `trace` in the merge order of the replay's time-ordered
+/// pass (the same events, marks and ties, so merge ordinals match the replay's), and the marks
+/// earlier than the last of them.
 pub(super) fn walk<S: Sink>(trace: &Trace, sink: &mut S, progress: Option<&AtomicU64>) {
     walk_decoding(trace, &sorted_marks(trace), sink, false, progress);
 }

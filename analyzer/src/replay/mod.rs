@@ -30,6 +30,7 @@
 
 mod categories;
 mod downsample;
+mod fold;
 mod live;
 mod merge;
 mod oom;
@@ -47,11 +48,13 @@ use std::sync::Arc;
 
 use crate::read::{ChunkKind, Trace};
 
+pub(crate) use fold::row_bytes;
 pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
-    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, EpochFigures, Frame, Memory,
-    MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series, Source, NEVER,
+    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, DevicePeak, EpochFigures,
+    Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series,
+    Source, NEVER,
 };
 pub use requests::{memory_requests, request_line, MemRequest, RequestKind};
 pub use timeline::Snapshot;
@@ -223,7 +226,7 @@ fn one_merge(trace: &Trace, opts: &ReplayOptions) -> (stacks::PerStack, timeline
     // The progress counts each chunk once: the per-stack pass reports it.
     let (stacks, (timeline, packed_mem)) = rayon::join(
         || stacks::per_stack(trace, true, opts.progress.as_deref()),
-        || merge::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
+        || timeline::in_time_order_folding(trace, opts.series_points, Vec::new(), 0, true, None),
     );
     (stacks.merge(packed_mem), timeline)
 }
@@ -241,12 +244,17 @@ fn assemble(
     // The categories' walk goes through every memory event and passes the peak: it gives the
     // live bytes there too, so the walk to the peak is needed only without it.
     let walked = wants_categories(trace, opts).then(|| {
-        categories::categories(trace, timeline.peak_ordinal, &opts.category_rules, progress)
+        categories::categories(
+            trace,
+            timeline.peak_ordinal(),
+            &opts.category_rules,
+            progress,
+        )
     });
-    let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal) {
+    let live: HashMap<u32, u64> = match (&walked, timeline.peak_ordinal()) {
         (Some(w), _) if opts.live_at_peak => w.live_at_peak.clone(),
         (None, Some(peak)) if opts.live_at_peak => {
-            merge::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
+            timeline::in_time_order(trace, 0, vec![peak], usize::MAX, progress)
                 .snapshots
                 .pop()
                 .map(|s| s.stacks.into_iter().collect())
@@ -289,6 +297,7 @@ fn assemble(
         series: timeline.series(trace),
         memory: Memory::of(&trace.defs.devices),
         categories: walked.map(|w| w.figures),
+        device_peaks: timeline.device_peaks(trace),
     };
     Profile {
         sources: vec![source],

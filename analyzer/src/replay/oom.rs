@@ -18,10 +18,10 @@ use std::collections::{BTreeMap, HashMap};
 use poolsight_schema::fb;
 use serde::Serialize;
 
+use super::fold::Effect;
 use super::merge::{sorted_marks, walk, Sink};
 use super::stacks::frames_of_stack;
-use super::timeline::served;
-use super::Frame;
+use super::{Frame, Units};
 use crate::read::names::FrameKind;
 use crate::read::Trace;
 
@@ -110,6 +110,7 @@ struct Walk<'t> {
     oom_ticks: Vec<u64>,
     stacks: HashMap<u32, Vec<Frame>>,
     last_ticks: u64,
+    units: Units,
 }
 
 /// The state at each out-of-memory of `trace`, in order; with none, the state at its end
@@ -124,6 +125,7 @@ pub fn oom_states(trace: &Trace) -> Vec<OomState> {
         oom_ticks: Vec::new(),
         stacks: HashMap::new(),
         last_ticks: trace.header.ticks0,
+        units: Units::of(trace),
     };
     walk(trace, &mut w, None);
     // The device's free bytes, reported by a `DeviceFree` mark at the moment of its OOM.
@@ -167,8 +169,10 @@ impl Sink for Walk<'_> {
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
         self.last_ticks = self.last_ticks.max(ticks);
         let d = e.device() as u32;
-        match e.kind() {
-            fb::MemKind::MallocPost if served(e) && e.bytes() > 0 => {
+        // The allocator's own layout: blocks at the size asked (the rounding is the model's,
+        // not the recorded pool's), segments as the device gave them.
+        match Effect::of(e, &self.units) {
+            Effect::Malloc { size } if size > 0 => {
                 self.blocks.insert(
                     (d, e.ptr()),
                     Block {
@@ -177,32 +181,38 @@ impl Sink for Walk<'_> {
                     },
                 );
             }
-            fb::MemKind::FreePost => {
+            Effect::Free { .. } => {
                 self.blocks.remove(&(d, e.ptr()));
             }
-            fb::MemKind::AllocPost if served(e) => {
+            // What is live by line and category follows the block to its new stack.
+            Effect::Relabel => {
+                if let Some(b) = self.blocks.get_mut(&(d, e.ptr())) {
+                    b.stack = e.stack();
+                }
+            }
+            Effect::Acquire { bytes } => {
                 // Memory held from the start without a layout is written at address 1.
                 if e.ptr() <= 1 {
-                    *self.unplaced.entry(d).or_default() += e.bytes();
+                    *self.unplaced.entry(d).or_default() += bytes;
                 } else {
                     self.segments.insert(
                         (d, e.ptr()),
                         Segment {
-                            size: e.bytes(),
+                            size: bytes,
                             stream: e.stream() as u32,
                         },
                     );
                 }
             }
-            fb::MemKind::Release => {
+            Effect::Release { bytes } => {
                 let placed = self.segments.remove(&(d, e.ptr())).is_some();
                 if !placed {
                     let u = self.unplaced.entry(d).or_default();
-                    *u = u.saturating_sub(e.bytes());
+                    *u = u.saturating_sub(bytes);
                 }
             }
-            fb::MemKind::OutOfMemory => {
-                let s = self.state(ticks, d, Some(e.bytes()), e.stream() as u32, e.stack());
+            Effect::OutOfMemory { bytes } => {
+                let s = self.state(ticks, d, Some(bytes), e.stream() as u32, e.stack());
                 self.oom_ticks.push(ticks);
                 self.states.push(s);
             }

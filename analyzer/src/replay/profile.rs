@@ -553,6 +553,21 @@ pub struct Source {
     /// Bytes by memory category and by module, when the replay computed them
     /// ([`crate::replay::ReplayOptions::categories`]).
     pub categories: Option<CategoryFigures>,
+    /// Each device's own peak of live bytes, for every device that had blocks (with one, it is
+    /// the pool's peak).
+    pub device_peaks: Vec<DevicePeak>,
+}
+
+/// One device's own peak of live bytes, exact from the events in time order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DevicePeak {
+    pub device: u32,
+    pub name: String,
+    /// `gpu`, `cpu` or `unspecified` (a pool's device).
+    pub kind: &'static str,
+    pub peak_used_bytes: u64,
+    pub peak_used_ns: u64,
+    pub used_at_end_bytes: i64,
 }
 
 /// Everything the reports need, from one trace or merged from several (ranks of one job).

@@ -6,8 +6,10 @@
 use crate::read::names::FrameKind;
 use poolsight_schema::fb;
 
+use super::fold::Effect;
 use super::merge::{walk_decoding, Sink};
 use super::stacks::frames_of_stack;
+use super::Units;
 use crate::read::Trace;
 
 /// What a memory event asks of an allocator.
@@ -44,19 +46,20 @@ pub struct MemRequest {
 
 struct Collect<'t> {
     trace: &'t Trace,
+    units: Units,
     out: Vec<MemRequest>,
 }
 
 impl Sink for Collect<'_> {
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
-        let kind = match e.kind() {
+        let kind = match Effect::of(e, &self.units) {
             // A failed request (null pointer) is told by its out-of-memory event.
-            fb::MemKind::MallocPost if e.ptr() != 0 && e.bytes() > 0 => RequestKind::Malloc,
-            fb::MemKind::FreePost => RequestKind::Free,
-            fb::MemKind::FreeRequested => RequestKind::FreeRequested,
-            fb::MemKind::OutOfMemory => RequestKind::OutOfMemory,
-            fb::MemKind::AllocPost if e.ptr() != 0 => RequestKind::Acquire,
-            fb::MemKind::Release => RequestKind::Release,
+            Effect::Malloc { size } if size > 0 => RequestKind::Malloc,
+            Effect::Free { .. } => RequestKind::Free,
+            Effect::FreeRequested => RequestKind::FreeRequested,
+            Effect::OutOfMemory { .. } => RequestKind::OutOfMemory,
+            Effect::Acquire { .. } if e.ptr() != 0 => RequestKind::Acquire,
+            Effect::Release { .. } => RequestKind::Release,
             _ => return true,
         };
         self.out.push(MemRequest {
@@ -78,6 +81,7 @@ impl Sink for Collect<'_> {
 pub fn memory_requests(trace: &Trace) -> Vec<MemRequest> {
     let mut sink = Collect {
         trace,
+        units: Units::of(trace),
         out: Vec::new(),
     };
     walk_decoding(trace, &[], &mut sink, false, None);

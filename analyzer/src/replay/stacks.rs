@@ -10,6 +10,7 @@ use poolsight_schema::fb;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
+use super::fold::Effect;
 use super::profile::{Agg, CallTree, Frame, Raised};
 use super::Units;
 use crate::read::names::{FrameKind, Phase};
@@ -154,41 +155,59 @@ pub(super) fn fold_mem(
 }
 
 /// Folds one memory event (not a rebase) at `ticks` into its stack's counters ([`fold_mem`]
-/// counts it in [`PerStack::events`] and [`PerStack::last_ticks`]).
+/// counts it in [`PerStack::events`] and [`PerStack::last_ticks`]). Counted at the post event,
+/// which carries the request as the pre event did, plus its answer; every request counts, failed
+/// ones included, as Chainer's and CuPy's pre hooks count it. A relabelled block stays counted
+/// where it was made: these are cumulative figures.
 #[inline]
 fn fold_mem_in_stack(ticks: u64, e: &fb::MemEvent, units: &Units, acc: &mut PerStack) {
-    if matches!(e.kind(), fb::MemKind::MallocPost | fb::MemKind::AllocPost) {
-        fold_mem_event(ticks, e, units, acc.slot(e.stack()));
+    let effect = Effect::of(e, units);
+    if counted(effect) {
+        fold_effect(ticks, effect, acc.slot(e.stack()));
     }
+}
+
+/// Whether a stack's counters take anything of an event that did `effect`.
+#[inline]
+fn counted(effect: Effect) -> bool {
+    matches!(
+        effect,
+        Effect::Malloc { .. }
+            | Effect::FailedMalloc { .. }
+            | Effect::Acquire { .. }
+            | Effect::FailedAcquire { .. }
+    )
 }
 
 /// Folds one memory event into `a`: what a stack's counters take of it.
 #[inline]
 pub(super) fn fold_mem_event(ticks: u64, e: &fb::MemEvent, units: &Units, a: &mut Agg) {
-    match e.kind() {
-        // Counted at the post event, which carries the request as the pre event did, plus
-        // its answer (pointer 0: failed, or a 0-byte request, which CuPy serves with a
-        // null pointer). Every request counts, as Chainer's and CuPy's pre hooks count it.
-        fb::MemKind::MallocPost => {
-            let size = units.mem_size(e.device(), e.bytes());
-            a.mallocs += 1;
-            a.used_bytes = a.used_bytes.saturating_add(size);
-            if e.ptr() == 0 && size > 0 {
-                a.failed_mallocs += 1;
-                a.failed_used_bytes = a.failed_used_bytes.saturating_add(size);
-            }
-            a.first_mem = a.first_mem.min((0, ticks));
-        }
-        fb::MemKind::AllocPost => {
+    fold_effect(ticks, Effect::of(e, units), a);
+}
+
+#[inline]
+fn fold_effect(ticks: u64, effect: Effect, a: &mut Agg) {
+    let (size, failed) = match effect {
+        Effect::Malloc { size } => (size, false),
+        Effect::FailedMalloc { size } => (size, true),
+        Effect::Acquire { bytes } | Effect::FailedAcquire { bytes } => {
             a.allocs += 1;
-            a.acquired_bytes = a.acquired_bytes.saturating_add(e.bytes());
-            if e.ptr() == 0 {
-                a.failed_acquired_bytes = a.failed_acquired_bytes.saturating_add(e.bytes());
+            a.acquired_bytes = a.acquired_bytes.saturating_add(bytes);
+            if matches!(effect, Effect::FailedAcquire { .. }) {
+                a.failed_acquired_bytes = a.failed_acquired_bytes.saturating_add(bytes);
             }
             a.first_mem = a.first_mem.min((0, ticks));
+            return;
         }
-        _ => {}
+        _ => return,
+    };
+    a.mallocs += 1;
+    a.used_bytes = a.used_bytes.saturating_add(size);
+    if failed {
+        a.failed_mallocs += 1;
+        a.failed_used_bytes = a.failed_used_bytes.saturating_add(size);
     }
+    a.first_mem = a.first_mem.min((0, ticks));
 }
 
 fn fold_scopes(trace: &Trace, c: &ChunkInfo, acc: &mut PerStack) {

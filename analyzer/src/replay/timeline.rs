@@ -3,27 +3,24 @@
 //! epochs' figures, and (on a later walk) the bytes live by stack at chosen instants: the used
 //! peak, or the maximum of each point of the series for the HTML report's timeline.
 
+use std::sync::atomic::AtomicU64;
+
 use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::downsample::Downsampler;
-use super::merge::Sink;
-use super::profile::{signed, EpochFigures, PoolFigures, Series};
+use super::fold::{several_devices, Effect, Ledger};
+use super::merge::{sorted_marks, walk_decoding, Sink};
+use super::profile::{DevicePeak, EpochFigures, PoolFigures, Series};
+use super::stacks::PerStack;
 use super::Units;
 use crate::read::Trace;
 
 /// State of the time-ordered pass.
 pub(super) struct Timeline {
-    pub(super) used: i64,
-    pub(super) acquired: i64,
-    pub(super) peak_used: i64,
-    pub(super) peak_used_ticks: u64,
-    pub(super) peak_acquired: i64,
-    pub(super) peak_acquired_ticks: u64,
-    /// Ordinal (in merge order) of the memory event that reached the used peak.
-    pub(super) peak_ordinal: Option<u64>,
+    /// Used and acquired bytes now, and the counts.
+    pub(super) ledger: Ledger,
     pub(super) ordinal: u64,
-    pub(super) counts: Counts,
     pub(super) open_epoch: Option<OpenEpoch>,
     pub(super) epochs: Vec<RawEpoch>,
     pub(super) series: Downsampler,
@@ -63,26 +60,6 @@ impl Snapshot {
     }
 }
 
-/// How many events of each counted memory kind were merged.
-#[derive(Default)]
-pub(super) struct Counts {
-    pub(super) mallocs: u64,
-    pub(super) frees: u64,
-    pub(super) allocs: u64,
-    pub(super) releases: u64,
-    pub(super) ooms: u64,
-}
-
-impl Counts {
-    pub(super) fn add(&mut self, o: &Counts) {
-        self.mallocs += o.mallocs;
-        self.frees += o.frees;
-        self.allocs += o.allocs;
-        self.releases += o.releases;
-        self.ooms += o.ooms;
-    }
-}
-
 #[derive(Clone)]
 pub(super) struct OpenEpoch {
     pub(super) epoch: u32,
@@ -105,17 +82,16 @@ pub(super) struct RawEpoch {
 }
 
 impl Timeline {
+    /// Ordinal (in merge order) of the memory event that reached the used peak.
+    pub(super) fn peak_ordinal(&self) -> Option<u64> {
+        let (bytes, _, ordinal) = self.ledger.peak_used;
+        (bytes > 0).then_some(ordinal)
+    }
+
     pub(super) fn new(t0: u64, points: usize, stops: Vec<u64>, keep: usize) -> Timeline {
         Timeline {
-            used: 0,
-            acquired: 0,
-            peak_used: 0,
-            peak_used_ticks: 0,
-            peak_acquired: 0,
-            peak_acquired_ticks: 0,
-            peak_ordinal: None,
+            ledger: Ledger::new(0),
             ordinal: 0,
-            counts: Counts::default(),
             open_epoch: None,
             epochs: Vec::new(),
             series: Downsampler::new(t0, points),
@@ -128,55 +104,30 @@ impl Timeline {
         }
     }
 
+    /// One memory event; with `track`, the live blocks follow it, and what it did to them is
+    /// returned.
     #[inline]
-    pub(super) fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units, track: bool) {
-        match e.kind() {
-            fb::MemKind::MallocPost if served(e) => {
-                let size = units.mem_size(e.device(), e.bytes());
-                self.counts.mallocs += 1;
-                self.used = self.used.saturating_add(signed(size));
-                if track && size > 0 {
-                    self.track_malloc(e, size);
-                }
-                if self.used > self.peak_used {
-                    self.peak_used = self.used;
-                    self.peak_used_ticks = ticks;
-                    self.peak_ordinal = Some(self.ordinal);
-                }
-            }
-            fb::MemKind::FreePost => {
-                self.counts.frees += 1;
-                self.used = self.used.saturating_sub(signed(e.bytes()));
-                if track {
-                    self.track_free(e);
-                }
-            }
-            fb::MemKind::AllocPost if served(e) => {
-                self.counts.allocs += 1;
-                self.acquired = self.acquired.saturating_add(signed(e.bytes()));
-                if self.acquired > self.peak_acquired {
-                    self.peak_acquired = self.acquired;
-                    self.peak_acquired_ticks = ticks;
-                }
-            }
-            fb::MemKind::Release => {
-                self.counts.releases += 1;
-                self.acquired = self.acquired.saturating_sub(signed(e.bytes()));
-            }
-            fb::MemKind::OutOfMemory => self.counts.ooms += 1,
-            _ => {}
-        }
+    pub(super) fn mem(
+        &mut self,
+        ticks: u64,
+        e: &fb::MemEvent,
+        units: &Units,
+        track: bool,
+    ) -> Option<Live> {
+        let effect = self.ledger.apply(e, units, ticks, self.ordinal);
+        let (used, acquired) = (self.ledger.used, self.ledger.acquired);
+        let live = if track { self.track(e, effect) } else { None };
         if let Some(ep) = &mut self.open_epoch {
-            ep.gpu_max = ep.gpu_max.max(self.used);
-            ep.held_max = ep.held_max.max(self.acquired);
+            ep.gpu_max = ep.gpu_max.max(used);
+            ep.held_max = ep.held_max.max(acquired);
         }
-        self.series
-            .add(ticks, self.used, self.acquired, self.ordinal);
+        self.series.add(ticks, used, acquired, self.ordinal);
         while self.stops.get(self.next_stop) == Some(&self.ordinal) {
             self.snapshot();
             self.next_stop += 1;
         }
         self.ordinal += 1;
+        live
     }
 
     /// True once every stop's snapshot is taken (never without stops).
@@ -184,19 +135,44 @@ impl Timeline {
         !self.stops.is_empty() && self.next_stop == self.stops.len()
     }
 
-    pub(super) fn track_malloc(&mut self, e: &fb::MemEvent, size: u64) {
-        // A pointer handed out twice without a free between (only in a damaged trace) counts
-        // once, as the pool's own accounting would.
-        if let Some((old, stack)) = self.blocks.insert((e.device(), e.ptr()), (size, e.stack())) {
-            self.unlive(stack, old);
-        }
-        let live = self.live.entry(e.stack()).or_default();
-        *live = live.saturating_add(size);
-    }
-
-    pub(super) fn track_free(&mut self, e: &fb::MemEvent) {
-        if let Some((size, stack)) = self.blocks.remove(&(e.device(), e.ptr())) {
-            self.unlive(stack, size);
+    /// The live blocks after an event that did `effect`.
+    #[inline]
+    fn track(&mut self, e: &fb::MemEvent, effect: Effect) -> Option<Live> {
+        let key = (e.device(), e.ptr());
+        match effect {
+            Effect::Malloc { size } if size > 0 => {
+                // A pointer handed out twice without a free between (only in a damaged trace)
+                // counts once, as the pool's own accounting would.
+                let replaced = self.blocks.insert(key, (size, e.stack()));
+                if let Some((old, stack)) = replaced {
+                    self.unlive(stack, old);
+                }
+                let live = self.live.entry(e.stack()).or_default();
+                *live = live.saturating_add(size);
+                Some(Live::Added {
+                    stack: e.stack(),
+                    size,
+                    replaced,
+                })
+            }
+            Effect::Free { .. } => {
+                let (size, stack) = self.blocks.remove(&key)?;
+                self.unlive(stack, size);
+                Some(Live::Removed { stack, size })
+            }
+            Effect::Relabel => {
+                let (size, stack) = self.blocks.get_mut(&key)?;
+                let (size, from, to) = (*size, *stack, e.stack());
+                if from == to {
+                    return None;
+                }
+                *stack = to;
+                self.unlive(from, size);
+                let live = self.live.entry(to).or_default();
+                *live = live.saturating_add(size);
+                Some(Live::Moved { from, to, size })
+            }
+            _ => None,
         }
     }
 
@@ -221,10 +197,10 @@ impl Timeline {
                 self.open_epoch = Some(OpenEpoch {
                     epoch: e.aux(),
                     begin_ticks: e.ticks(),
-                    gpu_begin: self.used,
-                    gpu_max: self.used,
-                    held_begin: self.acquired,
-                    held_max: self.acquired,
+                    gpu_begin: self.ledger.used,
+                    gpu_max: self.ledger.used,
+                    held_begin: self.ledger.acquired,
+                    held_max: self.ledger.acquired,
                     cpu_begin: e.a(),
                 });
             }
@@ -242,8 +218,8 @@ impl Timeline {
             };
             self.epochs.push(RawEpoch {
                 end_ticks: ticks,
-                gpu_end: self.used,
-                held_end: self.acquired,
+                gpu_end: self.ledger.used,
+                held_end: self.ledger.acquired,
                 cpu_end,
                 cpu_peak,
                 complete,
@@ -254,18 +230,47 @@ impl Timeline {
 
     pub(super) fn pool(&self, trace: &Trace) -> PoolFigures {
         PoolFigures {
-            peak_used_bytes: self.peak_used.max(0) as u64,
-            peak_used_ns: trace.ns_since_start(self.peak_used_ticks),
-            peak_acquired_bytes: self.peak_acquired.max(0) as u64,
-            peak_acquired_ns: trace.ns_since_start(self.peak_acquired_ticks),
-            used_at_end_bytes: self.used,
-            acquired_at_end_bytes: self.acquired,
-            mallocs: self.counts.mallocs,
-            frees: self.counts.frees,
-            device_allocs: self.counts.allocs,
-            releases: self.counts.releases,
-            out_of_memory: self.counts.ooms,
+            peak_used_bytes: self.ledger.peak_used.0.max(0) as u64,
+            peak_used_ns: trace.ns_since_start(self.ledger.peak_used.1),
+            peak_acquired_bytes: self.ledger.peak_acquired.0.max(0) as u64,
+            peak_acquired_ns: trace.ns_since_start(self.ledger.peak_acquired.1),
+            used_at_end_bytes: self.ledger.used,
+            acquired_at_end_bytes: self.ledger.acquired,
+            mallocs: self.ledger.counts.mallocs,
+            frees: self.ledger.counts.frees,
+            device_allocs: self.ledger.counts.allocs,
+            releases: self.ledger.counts.releases,
+            out_of_memory: self.ledger.counts.ooms,
         }
+    }
+
+    /// Each device's own peak, for every device that had blocks. A trace that defines one
+    /// device (or none) is counted as one: its peak is the pool's.
+    pub(super) fn device_peaks(&self, trace: &Trace) -> Vec<DevicePeak> {
+        let peak = |id: usize, used: i64, peak: i64, ticks: u64| {
+            let def = trace.defs.devices.iter().find(|x| x.id as usize == id);
+            DevicePeak {
+                device: id as u32,
+                name: def.map_or_else(|| format!("device {id}"), |x| x.name.clone()),
+                kind: def.map_or("unspecified", |x| x.kind.name()),
+                peak_used_bytes: peak.max(0) as u64,
+                peak_used_ns: trace.ns_since_start(ticks),
+                used_at_end_bytes: used,
+            }
+        };
+        if !several_devices(trace) {
+            let c = &self.ledger.counts;
+            if c.mallocs + c.frees == 0 {
+                return Vec::new();
+            }
+            let id = trace.defs.devices.first().map_or(0, |d| d.id as usize);
+            let (top, ticks, _) = self.ledger.peak_used;
+            return vec![peak(id, self.ledger.used, top, ticks)];
+        }
+        (self.ledger.devices.of.iter().enumerate())
+            .filter(|(_, d)| d.seen)
+            .map(|(id, d)| peak(id, d.used, d.peak, d.peak_ticks))
+            .collect()
     }
 
     pub(super) fn epochs(&self, trace: &Trace, end_ticks: u64) -> Vec<EpochFigures> {
@@ -274,8 +279,8 @@ impl Timeline {
         let cut = self.open_epoch.as_ref().map(|open| RawEpoch {
             open: open.clone(),
             end_ticks: end_ticks.max(open.begin_ticks),
-            gpu_end: self.used,
-            held_end: self.acquired,
+            gpu_end: self.ledger.used,
+            held_end: self.ledger.acquired,
             cpu_end: open.cpu_begin,
             cpu_peak: open.cpu_begin,
             complete: false,
@@ -322,6 +327,28 @@ impl Timeline {
     }
 }
 
+/// What an event did to the live blocks (see [`Timeline::mem`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Live {
+    /// A block of `size` bytes under `stack`; `replaced`, the (size, stack) of a block the
+    /// same address held without a free between (only in a damaged trace).
+    Added {
+        stack: u32,
+        size: u64,
+        replaced: Option<(u64, u32)>,
+    },
+    Removed {
+        stack: u32,
+        size: u64,
+    },
+    /// A block of `size` bytes relabelled from stack `from` to `to`.
+    Moved {
+        from: u32,
+        to: u32,
+        size: u64,
+    },
+}
+
 impl Sink for (&mut Timeline, &Units, bool) {
     #[inline]
     fn mem(&mut self, ticks: u64, e: &fb::MemEvent) -> bool {
@@ -334,12 +361,40 @@ impl Sink for (&mut Timeline, &Units, bool) {
     }
 }
 
-/// The marks of a trace, in time order (marks at one tick in their recorded order).
-/// Whether a malloc or device allocation was served: a pointer, or a request of 0 bytes (which
-/// CuPy serves with a null pointer, as PyTorch does an empty tensor's storage). A null pointer
-/// for bytes is a failure. Its free and release come later either way, so the counts of both
-/// sides include it.
-#[inline]
-pub(super) fn served(e: &fb::MemEvent) -> bool {
-    e.ptr() != 0 || e.bytes() == 0
+/// Walks memory events of all threads and the marks in time order. With `stops` (ascending
+/// ordinals), tracks live blocks, takes a [`Snapshot`] of the live bytes by stack (the `keep`
+/// largest stacks) after the memory event of each ordinal, and stops after the last.
+pub(super) fn in_time_order(
+    trace: &Trace,
+    points: usize,
+    stops: Vec<u64>,
+    keep: usize,
+    progress: Option<&AtomicU64>,
+) -> Timeline {
+    in_time_order_folding(trace, points, stops, keep, false, progress).0
+}
+
+/// [`in_time_order`]; in a packed trace with `fold`, the threads that decode the memory chunks
+/// ahead (see [`walk_decoding`]) also fold the decoded events by stack, so that the per-stack
+/// pass need not decode them again: the returned [`PerStack`] holds packed memory chunks only.
+pub(super) fn in_time_order_folding(
+    trace: &Trace,
+    points: usize,
+    stops: Vec<u64>,
+    keep: usize,
+    fold: bool,
+    progress: Option<&AtomicU64>,
+) -> (Timeline, PerStack) {
+    let units = Units::of(trace);
+    let track = !stops.is_empty();
+    let mut tl = Timeline::new(trace.header.ticks0, points, stops, keep);
+    tl.ledger.devices.on = several_devices(trace);
+    let marks = sorted_marks(trace);
+    let (fed, acc) = walk_decoding(trace, &marks, &mut (&mut tl, &units, track), fold, progress);
+    if !track {
+        for m in &marks[fed..] {
+            tl.mark(m);
+        }
+    }
+    (tl, acc)
 }

@@ -4,9 +4,9 @@
 use poolsight_schema::fb;
 
 use super::downsample::Bucket;
+use super::fold::Ledger;
 use super::merge::Stream;
-use super::profile::signed;
-use super::timeline::{served, Counts, Timeline};
+use super::timeline::Timeline;
 use super::Units;
 
 /// The time-ordered figures of one window of time, relative to the window's start: what
@@ -20,22 +20,12 @@ pub(super) struct WindowFold {
     pub(super) t0: u64,
     /// The series' bucket width (a shift of ticks), the same in every window; `None`: no series.
     pub(super) shift: Option<u32>,
-    /// Set when the window cannot stand for its part of the merge (see [`WindowFold::mem`]).
-    pub(super) bad: bool,
-    pub(super) used: i64,
-    pub(super) acquired: i64,
-    /// Lowest used and acquired bytes (the highest are the peaks').
-    pub(super) min_used: i64,
-    pub(super) min_acquired: i64,
-    /// Highest used bytes, first reached: (bytes, ticks, ordinal in this window); bytes
-    /// `i64::MIN` before any event.
-    pub(super) peak_used: (i64, u64, u64),
-    pub(super) peak_acquired: (i64, u64),
+    /// Set when the window cannot stand for its part of the merge (see [`WindowFold::check`]
+    /// and [`WindowFold::bad`]).
+    bad: bool,
+    /// Used and acquired bytes since the window's start, and the counts.
+    pub(super) ledger: Ledger,
     pub(super) ordinal: u64,
-    pub(super) counts: Counts,
-    /// Highest used and acquired bytes since the last mark (or the window's start).
-    pub(super) seg_used: i64,
-    pub(super) seg_acquired: i64,
     pub(super) marks: Vec<WindowMark>,
     /// (bucket index, bucket) in merge order, one entry per run of equal indices, the open
     /// one (`open`) not yet among them.
@@ -87,16 +77,8 @@ impl WindowFold {
             t0,
             shift,
             bad: false,
-            used: 0,
-            acquired: 0,
-            min_used: 0,
-            min_acquired: 0,
-            peak_used: (i64::MIN, 0, 0),
-            peak_acquired: (i64::MIN, 0),
+            ledger: Ledger::new(i64::MIN),
             ordinal: 0,
-            counts: Counts::default(),
-            seg_used: i64::MIN,
-            seg_acquired: i64::MIN,
             marks: Vec::new(),
             buckets: Vec::new(),
             open: (
@@ -119,60 +101,28 @@ impl WindowFold {
         self.bad |= s.went_back || s.last > self.hi;
     }
 
-    /// One memory event, as [`Timeline::mem`] takes it. Bytes that leave the range the one
-    /// merge counts in without saturating make the window `bad`.
+    /// Whether the window cannot stand for its part of the merge: a stream it checked, or
+    /// bytes that left the range the one merge counts in without saturating.
+    pub(super) fn bad(&self) -> bool {
+        self.bad || self.ledger.saturated
+    }
+
+    /// One memory event, as [`Timeline::mem`] takes it.
     #[inline]
     pub(super) fn mem(&mut self, ticks: u64, e: &fb::MemEvent, units: &Units) {
         if ticks >= self.edge {
             self.open_bucket(ticks);
         }
-        match e.kind() {
-            fb::MemKind::MallocPost if served(e) => {
-                let size = units.mem_size(e.device(), e.bytes());
-                self.counts.mallocs += 1;
-                let (u, over) = self.used.overflowing_add(signed(size));
-                self.bad |= over;
-                self.used = u;
-                self.seg_used = self.seg_used.max(u);
-                if u > self.peak_used.0 {
-                    self.peak_used = (u, ticks, self.ordinal);
-                }
-            }
-            fb::MemKind::FreePost => {
-                self.counts.frees += 1;
-                let (u, over) = self.used.overflowing_sub(signed(e.bytes()));
-                self.bad |= over;
-                self.used = u;
-                self.min_used = self.min_used.min(u);
-            }
-            fb::MemKind::AllocPost if served(e) => {
-                self.counts.allocs += 1;
-                let (a, over) = self.acquired.overflowing_add(signed(e.bytes()));
-                self.bad |= over;
-                self.acquired = a;
-                self.seg_acquired = self.seg_acquired.max(a);
-                if a > self.peak_acquired.0 {
-                    self.peak_acquired = (a, ticks);
-                }
-            }
-            fb::MemKind::Release => {
-                self.counts.releases += 1;
-                let (a, over) = self.acquired.overflowing_sub(signed(e.bytes()));
-                self.bad |= over;
-                self.acquired = a;
-                self.min_acquired = self.min_acquired.min(a);
-            }
-            fb::MemKind::OutOfMemory => self.counts.ooms += 1,
-            _ => {}
-        }
+        self.ledger.apply(e, units, ticks, self.ordinal);
+        let (u, a) = (self.ledger.used, self.ledger.acquired);
         // The open bucket keeps the highest used bytes first reached in it (as `Bucket::max`
         // folds them) and the highest acquired bytes.
         let b = &mut self.open.1;
-        if self.used > b.used {
-            b.used = self.used;
+        if u > b.used {
+            b.used = u;
             b.used_ordinal = self.ordinal;
         }
-        b.acquired = b.acquired.max(self.acquired);
+        b.acquired = b.acquired.max(a);
         self.ordinal += 1;
     }
 
@@ -210,13 +160,12 @@ impl WindowFold {
     pub(super) fn mark(&mut self, m: &fb::MarkEvent) {
         self.marks.push(WindowMark {
             mark: *m,
-            used: self.used,
-            acquired: self.acquired,
-            seg_used: self.seg_used,
-            seg_acquired: self.seg_acquired,
+            used: self.ledger.used,
+            acquired: self.ledger.acquired,
+            seg_used: self.ledger.seg_used,
+            seg_acquired: self.ledger.seg_acquired,
         });
-        self.seg_used = i64::MIN;
-        self.seg_acquired = i64::MIN;
+        self.ledger.new_stretch();
     }
 }
 
@@ -242,14 +191,16 @@ impl Timeline {
             tl.series.shift = shift;
         }
         for w in windows {
-            if w.bad {
+            if w.bad() {
                 return None;
             }
-            let (base_used, base_acquired) = (tl.used, tl.acquired);
+            let (base_used, base_acquired) = (tl.ledger.used, tl.ledger.acquired);
             // The window's bytes ranged from its lowest to its peak (0 where nothing rose).
-            let (max_used, max_acquired) = (w.peak_used.0.max(0), w.peak_acquired.0.max(0));
-            let used = |rel: i64| shifted(base_used, rel, w.min_used, max_used);
-            let acquired = |rel: i64| shifted(base_acquired, rel, w.min_acquired, max_acquired);
+            let (max_used, max_acquired) =
+                (w.ledger.peak_used.0.max(0), w.ledger.peak_acquired.0.max(0));
+            let used = |rel: i64| shifted(base_used, rel, w.ledger.min_used, max_used);
+            let acquired =
+                |rel: i64| shifted(base_acquired, rel, w.ledger.min_acquired, max_acquired);
             // The highest bytes of a stretch between marks raise the open epoch's maxima.
             let stretch = |tl: &mut Timeline, seg_used: i64, seg_acquired: i64| -> Option<()> {
                 if let Some(ep) = &mut tl.open_epoch {
@@ -264,28 +215,25 @@ impl Timeline {
             };
             for m in &w.marks {
                 stretch(&mut tl, m.seg_used, m.seg_acquired)?;
-                tl.used = used(m.used)?;
-                tl.acquired = acquired(m.acquired)?;
+                tl.ledger.used = used(m.used)?;
+                tl.ledger.acquired = acquired(m.acquired)?;
                 tl.mark(&m.mark);
             }
-            stretch(&mut tl, w.seg_used, w.seg_acquired)?;
+            stretch(&mut tl, w.ledger.seg_used, w.ledger.seg_acquired)?;
             // A window without a malloc (or a device alloc) has no peak of its own: the
             // placeholder is not a byte count.
-            let (p, ticks, ordinal) = w.peak_used;
+            let (p, ticks, ordinal) = w.ledger.peak_used;
             if p != i64::MIN {
                 let p = used(p)?;
-                if p > tl.peak_used {
-                    tl.peak_used = p;
-                    tl.peak_used_ticks = ticks;
-                    tl.peak_ordinal = Some(tl.ordinal + ordinal);
+                if p > tl.ledger.peak_used.0 {
+                    tl.ledger.peak_used = (p, ticks, tl.ordinal + ordinal);
                 }
             }
-            let (p, ticks) = w.peak_acquired;
+            let (p, ticks) = w.ledger.peak_acquired;
             if p != i64::MIN {
                 let p = acquired(p)?;
-                if p > tl.peak_acquired {
-                    tl.peak_acquired = p;
-                    tl.peak_acquired_ticks = ticks;
+                if p > tl.ledger.peak_acquired.0 {
+                    tl.ledger.peak_acquired = (p, ticks);
                 }
             }
             if shift.is_some() {
@@ -300,10 +248,11 @@ impl Timeline {
                     d.put(i, now);
                 }
             }
-            tl.used = used(w.used)?;
-            tl.acquired = acquired(w.acquired)?;
+            tl.ledger.used = used(w.ledger.used)?;
+            tl.ledger.acquired = acquired(w.ledger.acquired)?;
             tl.ordinal += w.ordinal;
-            tl.counts.add(&w.counts);
+            tl.ledger.counts.add(&w.ledger.counts);
+            tl.ledger.devices.after(&w.ledger.devices);
         }
         Some(tl)
     }

@@ -19,6 +19,7 @@ use std::sync::atomic::AtomicU64;
 use poolsight_schema::fb;
 use rayon::prelude::*;
 
+use super::fold::several_devices;
 use super::merge::{mem_chunks_by_thread, merge_streams, sorted_marks, Cursor, Sink, Stream};
 use super::stacks::{fold_mem, fold_other, PerStack};
 use super::timeline::Timeline;
@@ -257,6 +258,7 @@ impl<'t> Window<'_, 't> {
         let past = marks.partition_point(|m| m.ticks() <= hi);
         let mine = &marks[first..past.max(first)];
         let mut fold = WindowFold::new(hi, t0, shift);
+        fold.ledger.devices.on = several_devices(trace);
         let mut sink = WindowSink {
             trace,
             fold: &mut fold,

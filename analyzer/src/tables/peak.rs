@@ -31,6 +31,10 @@ pub struct Peak {
     pub by_category: Vec<Share>,
     pub by_line: Vec<Share>,
     pub by_scope: Vec<Share>,
+    /// Each device's own peak of live bytes (at its own instant), for traces whose blocks are
+    /// on several devices; ranks in order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_device: Vec<DeviceShare>,
     /// Whether the replay computed the live bytes at the peak.
     #[serde(skip)]
     pub computed: bool,
@@ -40,6 +44,18 @@ pub struct Peak {
 pub struct Share {
     pub name: String,
     pub bytes: u64,
+}
+
+/// One device's own peak.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceShare {
+    pub device: String,
+    /// `gpu`, `cpu` or `unspecified` (a pool's device).
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    pub peak_bytes: u64,
+    pub peak_ns: u64,
 }
 
 impl Peak {
@@ -119,6 +135,18 @@ pub fn peak(p: &Profile) -> Peak {
         } else {
             Vec::new()
         },
+        by_device: (p.sources.iter())
+            .filter(|s| s.device_peaks.len() > 1)
+            .flat_map(|s| {
+                s.device_peaks.iter().map(|d| DeviceShare {
+                    device: d.name.clone(),
+                    kind: d.kind.to_string(),
+                    rank: s.rank.filter(|_| p.sources.len() > 1),
+                    peak_bytes: d.peak_used_bytes,
+                    peak_ns: d.peak_used_ns,
+                })
+            })
+            .collect(),
         computed: true,
     }
 }
@@ -165,6 +193,17 @@ pub fn render_table(t: &Peak) -> String {
     block(&mut out, "by category", &t.by_category, t.live_bytes);
     block(&mut out, "by line", &t.by_line, t.live_bytes);
     block(&mut out, "by scope", &t.by_scope, t.live_bytes);
+    if !t.by_device.is_empty() {
+        out.push_str("  each device's own peak:\n");
+        let figures: Vec<Vec<String>> = (t.by_device.iter())
+            .map(|d| vec![format!("    {}", humanized(d.peak_bytes))])
+            .collect();
+        for (f, d) in aligned(&figures, false).lines().zip(&t.by_device) {
+            let rank = d.rank.map_or(String::new(), |r| format!("rank {r} "));
+            let at = d.peak_ns as f64 / 1e9;
+            out.push_str(&format!("{f}  {rank}{} at {at:.6} s\n", d.device));
+        }
+    }
     out
 }
 
@@ -201,6 +240,11 @@ impl Table for Peak {
                 bytes: s.bytes,
             })
         })
+        .chain(self.by_device.iter().map(|d| ShareRow {
+            grouping: "device_peak",
+            name: d.device.clone(),
+            bytes: d.peak_bytes,
+        }))
         .collect();
         super::csv::to_csv(&rows)
     }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use pyo3::intern;
 use pyo3::prelude::*;
 
-use poolsight_recorder::{DeviceInfo, DeviceKind, Phase, ScopeToken};
+use poolsight_recorder::{Phase, ScopeToken};
 
 use super::{lock, Map, OpInfo, Seen, TorchState};
 
@@ -152,33 +152,17 @@ impl TorchState {
     /// The trace's device of c10's (type, index), as `device` numbers them.
     fn native_device(&self, device_type: i32, index: i32) -> u32 {
         let key = if device_type == CPU { -1 } else { index as i64 };
-        let mut storages = lock(&self.storages);
-        if let Some(&d) = storages.devices.get(&key) {
+        if let Some(&d) = lock(&self.storages).devices.get(&key) {
             return d;
         }
-        let next = storages.devices.len() as u32;
-        storages.devices.insert(key, next);
-        drop(storages);
         let name = match device_type {
             CPU => "cpu".to_string(),
-            CUDA => format!("cuda:{index}"),
+            CUDA => "cuda".to_string(),
+            12 => "xpu".to_string(),
             13 => "mps".to_string(),
-            12 => format!("xpu:{index}"),
-            t => format!("device{t}:{index}"),
+            t => format!("device{t}"),
         };
-        self.session().define_device_info(DeviceInfo {
-            id: next,
-            name,
-            capacity: 0,
-            allocation_unit: 1,
-            kind: if device_type == CPU {
-                DeviceKind::Cpu
-            } else {
-                DeviceKind::Gpu
-            },
-            observed: true,
-        });
-        next
+        self.trace_device(key, &name, u32::try_from(index).ok())
     }
 
     /// Records a storage not seen before, its free to come from the allocator's reports.

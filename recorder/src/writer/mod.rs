@@ -30,7 +30,7 @@ pub use thread::MemRecord;
 use crate::clock::{self, Calibration};
 pub use crate::cpu::CpuSource;
 use crate::error::RecorderError;
-use crate::kinds::MarkKind;
+use crate::kinds::{MarkKind, MemKind};
 use chunk::{write_sealed, Stream, Template};
 use file::{MappedFile, Region};
 
@@ -355,6 +355,22 @@ impl Handle {
     #[inline]
     pub fn record_mem_at(&self, r: MemRecord, ticks: u64) {
         thread::with_writer(&self.shared, |w| w.mem(&r, ticks));
+    }
+
+    /// Records that the block at `ptr` on `device` (`bytes`, its size as its allocation was
+    /// accounted) now belongs to `stack`, its live bytes unchanged (`MemKind::Relabel`, format
+    /// 1.6): an observer that learns later what a block is (a tensor that became a parameter's
+    /// gradient, an optimizer's state) moves it in one event, so that the reports of what is
+    /// live at an instant show it under `stack` while cumulative figures count it once, where
+    /// it was made.
+    #[inline]
+    pub fn record_relabel(&self, device: u32, ptr: u64, bytes: u64, stack: u32) {
+        self.record_mem(MemRecord {
+            ptr,
+            bytes,
+            stack,
+            ..MemRecord::new(MemKind::Relabel, device, 0)
+        });
     }
 
     /// Records a scope that opened at `start_ticks` ([`clock::ticks`]) and closes now. `stack`

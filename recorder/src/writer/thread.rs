@@ -171,7 +171,8 @@ pub struct MemRecord {
     /// `Malloc*`: the requested size; `Alloc*`, `Free*`: the size accounted; other kinds: see
     /// [`MemKind`].
     pub bytes: u64,
-    /// `Malloc*`, `Alloc*`: the interned stack of the allocation; else 0.
+    /// `Malloc*`, `Alloc*`: the interned stack of the allocation; `Relabel`: the block's new
+    /// stack; else 0.
     pub stack: u32,
     /// The allocation's id (the low 32 bits are kept), pairing a free with its malloc; 0 on
     /// error.

@@ -21,7 +21,7 @@ use super::files::ParquetFile;
 use super::ExportError;
 use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
 use crate::read::{ChunkInfo, ChunkKind, Trace};
-use crate::replay::Units;
+use crate::replay::{row_bytes, Units};
 use crate::tables::columns::i64_of;
 
 /// Rows per Arrow batch, each one row group of the `events` file: large enough for good
@@ -190,16 +190,7 @@ fn chunk_events<'a>(
             let units = Units::of(trace);
             Box::new(trace.mem_timeline(c).map(move |(ticks, e)| {
                 let kind = e.kind();
-                let mem_size = match kind {
-                    fb::MemKind::MallocPre | fb::MemKind::MallocPost => {
-                        Some(units.mem_size(e.device(), e.bytes()))
-                    }
-                    fb::MemKind::AllocPre
-                    | fb::MemKind::AllocPost
-                    | fb::MemKind::FreePre
-                    | fb::MemKind::FreePost => Some(e.bytes()),
-                    _ => None,
-                };
+                let mem_size = row_bytes(&e, &units);
                 Event {
                     ticks,
                     class: MEMORY,

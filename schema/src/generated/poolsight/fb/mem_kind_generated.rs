@@ -5,10 +5,10 @@ use super::*;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_MEM_KIND: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_MEM_KIND: u8 = 10;
+pub const ENUM_MAX_MEM_KIND: u8 = 11;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_MEM_KIND: [MemKind; 11] = [
+pub const ENUM_VALUES_MEM_KIND: [MemKind; 12] = [
   MemKind::MallocPre,
   MemKind::MallocPost,
   MemKind::AllocPre,
@@ -20,6 +20,7 @@ pub const ENUM_VALUES_MEM_KIND: [MemKind; 11] = [
   MemKind::LimitSet,
   MemKind::Rebase,
   MemKind::FreeRequested,
+  MemKind::Relabel,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -38,9 +39,10 @@ impl MemKind {
   pub const LimitSet: Self = Self(8);
   pub const Rebase: Self = Self(9);
   pub const FreeRequested: Self = Self(10);
+  pub const Relabel: Self = Self(11);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 10;
+  pub const ENUM_MAX: u8 = 11;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::MallocPre,
     Self::MallocPost,
@@ -53,6 +55,7 @@ impl MemKind {
     Self::LimitSet,
     Self::Rebase,
     Self::FreeRequested,
+    Self::Relabel,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -68,6 +71,7 @@ impl MemKind {
       Self::LimitSet => Some("LimitSet"),
       Self::Rebase => Some("Rebase"),
       Self::FreeRequested => Some("FreeRequested"),
+      Self::Relabel => Some("Relabel"),
       _ => None,
     }
   }
