@@ -17,6 +17,7 @@ use rustc_hash::FxHashMap;
 
 use super::settings::Settings;
 use super::{LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
+use crate::replay::{Oom, Stats};
 
 pub(super) const NIL: u32 = u32::MAX;
 
@@ -47,38 +48,6 @@ pub struct SegmentEvent {
     pub addr: u64,
     pub size: u64,
     pub stream: u32,
-}
-
-/// The allocator's byte counts now and at their peaks (PyTorch's `memory_stats` names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Bytes held from the device (`reserved_bytes`).
-    pub reserved: u64,
-    /// Bytes of blocks handed out and not yet freed (`allocated_bytes`).
-    pub allocated: u64,
-    /// Free bytes in split segments, outside expandable segments (`inactive_split_bytes`).
-    pub inactive_split: u64,
-    /// Segments held (`segment`), expandable segments counting one each.
-    pub segments: u64,
-    pub peak_reserved: u64,
-    pub peak_allocated: u64,
-    /// Device allocations (`num_device_alloc`) and frees (`num_device_free`).
-    pub device_allocs: u64,
-    pub device_frees: u64,
-}
-
-/// A request the allocator could not serve (`OutOfMemoryError`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Oom {
-    /// Bytes asked.
-    pub requested: u64,
-    /// The request rounded (`round_size`).
-    pub size: u64,
-    /// The segment it needed (`get_allocation_size`): "Tried to allocate".
-    pub alloc_size: u64,
-    /// Reserved and allocated bytes when it failed (after the cache was released).
-    pub reserved: u64,
-    pub allocated: u64,
 }
 
 /// A block handed out: its id (for the free) and address.

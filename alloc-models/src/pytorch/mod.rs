@@ -13,9 +13,8 @@ pub mod replay;
 mod segments;
 mod settings;
 
-pub use allocator::{
-    get_allocation_size, round_size, Allocator, Handle, Oom, SegmentEvent, SegmentOp, Stats,
-};
+pub use crate::replay::{Oom, Stats};
+pub use allocator::{get_allocation_size, round_size, Allocator, Handle, SegmentEvent, SegmentOp};
 pub use settings::{Settings, SettingsError};
 
 /// Every size is rounded to at least 512 bytes (`kMinBlockSize`).
