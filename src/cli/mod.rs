@@ -234,7 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Diff(a) => return diff::run(a, &mut out),
         Command::Pack(a) => export::pack(a, &mut out)?,
         Command::Import(a) => import::import(a, import::Settings { frames: cli.frames }, &mut out)?,
-        Command::Whatif(a) => whatif::run(a, &mut out)?,
+        Command::Whatif(a) => whatif::run(a, cli.frames, &mut out)?,
     }
     out.flush()?;
     Ok(0)
