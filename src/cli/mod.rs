@@ -116,7 +116,7 @@ enum Command {
     /// Compare two runs and fail when memory or time grew past what --fail-on allows.
     ///
     /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
-    Diff(diff::DiffArgs),
+    Diff(Box<diff::DiffArgs>),
     /// Convert PyTorch memory snapshots or torch.profiler traces into poolsight traces.
     ///
     /// Every command also reads those files directly (converting them each time); importing
@@ -231,7 +231,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Timeline(a) => views::timeline(a)?,
         Command::Html(a) => views::html(a)?,
         Command::Export(a) => export::export(a)?,
-        Command::Diff(a) => return diff::run(a, &mut out),
+        Command::Diff(a) => return diff::run(*a, cli.frames, &mut out),
         Command::Pack(a) => export::pack(a, &mut out)?,
         Command::Import(a) => import::import(a, import::Settings { frames: cli.frames }, &mut out)?,
         Command::Whatif(a) => whatif::run(a, cli.frames, &mut out)?,
