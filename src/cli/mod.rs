@@ -226,7 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Epochs(a) => tables::epochs(a, &mut out)?,
         Command::Categories(a) => tables::categories(a, &mut out)?,
         Command::Report(a) => tables::report(a, &mut out)?,
-        Command::Oom(a) => oom::oom(a, &mut out)?,
+        Command::Oom(a) => oom::oom(a, cli.frames, &mut out)?,
         Command::Flamegraph(a) => views::flamegraph(a)?,
         Command::Timeline(a) => views::timeline(a)?,
         Command::Html(a) => views::html(a)?,

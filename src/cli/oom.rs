@@ -1,14 +1,21 @@
-//! `poolsight oom`: why a run ran out of memory, from any trace or PyTorch file.
+//! `poolsight oom`: why a run ran out of memory, from any trace or PyTorch file; with the
+//! model's figures (`analyzer::whatif::advice`) where the file gives the device's capacity.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::path::Path;
 
 use clap::Args;
 use poolsight::analyzer::read::Trace;
 use poolsight::analyzer::replay::{oom_states, CategoryPass};
-use poolsight::analyzer::tables::oom::{device_name, render_table, Ooms};
+use poolsight::analyzer::tables::oom::{device_name, json, render_table, Ooms};
+use poolsight::analyzer::whatif::advice::{at_oom, ModelAdvice};
+use poolsight::analyzer::whatif::{Recorded, Settings};
 use poolsight::analyzer::ReplayOptions;
+use poolsight_import::FrameFilter;
 
 use super::args::{Format, Input};
+use super::import::is_pytorch_file;
 use super::load::load_traces;
 
 #[derive(Args)]
@@ -18,18 +25,65 @@ pub struct OomArgs {
 }
 
 /// The states of the traces' out-of-memory events (the state at the end where a trace has
-/// none), each with the trace's path when there are several.
+/// none), each with the trace's path when there are several, and the model's advice at the
+/// first out-of-memory of each device. A PyTorch snapshot's recorded allocator settings are
+/// read from it again (a pass over the pickle that keeps none of its entries), only for a
+/// trace that holds an out-of-memory.
 pub fn ooms_of(traces: &[Trace]) -> Ooms {
-    let mut ooms = Vec::new();
+    ooms_with(traces, |t| recorded_of(&t.path)).0
+}
+
+/// [`ooms_of`], with what is known of each trace's allocator, and the model's replays.
+fn ooms_with(
+    traces: &[Trace],
+    recorded: impl Fn(&Trace) -> Recorded,
+) -> (Ooms, Vec<Option<ModelAdvice>>) {
+    let (mut ooms, mut models) = (Vec::new(), Vec::new());
     for t in traces {
+        let mut known: Option<Recorded> = None;
+        let mut by_device: HashMap<u32, Option<ModelAdvice>> = HashMap::new();
         for mut s in oom_states(t) {
             if traces.len() > 1 {
                 s.trace = Some(t.path.display().to_string());
             }
+            let model = s.requested_bytes.and_then(|req| {
+                let rec = known.get_or_insert_with(|| recorded(t));
+                by_device
+                    .entry(s.device)
+                    .or_insert_with(|| at_oom(t, rec, s.device, req))
+                    .clone()
+            });
+            if let Some(m) = &model {
+                s.advice.extend(m.lines());
+            }
             ooms.push(s);
+            models.push(model);
         }
     }
-    Ooms { ooms }
+    (Ooms { ooms }, models)
+}
+
+/// The allocator settings a PyTorch snapshot recorded (PyTorch's defaults for a snapshot
+/// without them; nothing for another file, or a snapshot that cannot be read again: its
+/// `oom` still explains the state, without the model).
+fn recorded_of(path: &Path) -> Recorded {
+    let data = is_pytorch_file(path)
+        .then(|| std::fs::read(path).ok())
+        .flatten()
+        .filter(|d| poolsight_import::detect(d) == poolsight_import::Kind::Snapshot);
+    let state = data.and_then(|d| poolsight_import::settings::allocator_state(&d).ok());
+    let Some(state) = state else {
+        return Recorded::default();
+    };
+    let settings = match state.settings {
+        Some(pairs) => Settings::from_recorded(&pairs).ok(),
+        None => Some(Settings::default()),
+    };
+    Recorded {
+        snapshot: settings.is_some(),
+        settings: settings.unwrap_or_default(),
+        ..Recorded::default()
+    }
 }
 
 /// A device's name in the traces (`cuda:0`), or `device N`.
@@ -37,7 +91,7 @@ pub fn device_namer(traces: &[Trace]) -> impl Fn(u32) -> String + '_ {
     move |id| device_name(traces, id)
 }
 
-pub fn oom(args: OomArgs, out: &mut impl Write) -> anyhow::Result<()> {
+pub fn oom(args: OomArgs, frames: FrameFilter, out: &mut impl Write) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.input.format != Format::Csv,
         "oom has no CSV form: use --format table or json"
@@ -46,10 +100,28 @@ pub fn oom(args: OomArgs, out: &mut impl Write) -> anyhow::Result<()> {
         categories: CategoryPass::Never,
         ..ReplayOptions::default()
     };
-    let loaded = load_traces(&args.input.traces, opts)?;
-    let ooms = ooms_of(&loaded.traces);
+    // Each file opened once: a snapshot's conversion hands back its allocator settings.
+    let opened = (args.input.traces.iter())
+        .map(|p| super::whatif::open(p, frames))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let converted: Vec<_> = opened.iter().map(|o| o.trace.clone()).collect();
+    let mut loaded = load_traces(&converted, opts)?;
+    for t in &mut loaded.traces {
+        if let Some(i) = converted.iter().position(|c| *c == t.path) {
+            t.path = args.input.traces[i].clone();
+        }
+    }
+    let recorded = |t: &Trace| {
+        let i = args.input.traces.iter().position(|p| *p == t.path);
+        i.map(|i| opened[i].recorded.clone()).unwrap_or_default()
+    };
+    let (ooms, models) = ooms_with(&loaded.traces, recorded);
     match args.input.format {
-        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&ooms)?)?,
+        Format::Json => writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&json(&ooms, &models))?
+        )?,
         _ => write!(out, "{}", render_table(&ooms, device_namer(&loaded.traces)))?,
     }
     Ok(())

@@ -7,9 +7,9 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use super::devices::{devices, CapacitySource};
-use super::render::human;
 use super::{replay_device, Allocator, Recorded, Settings};
 use crate::read::Trace;
+use crate::tables::render::humanized as human;
 
 /// One setting replayed on the device of an out-of-memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,13 +53,18 @@ fn settings_at(recorded: &Settings, requested: u64) -> Vec<(Settings, bool)> {
 }
 
 /// The model's replays of `trace`'s device `device`, whose first out-of-memory asked for
-/// `requested` bytes; `None` when the file gives no capacity to replay on.
+/// `requested` bytes; `None` when the file gives no capacity to replay on, or when PyTorch's
+/// caching allocator did not record it (only a snapshot's out-of-memory is the one the
+/// model's settings speak of).
 pub fn at_oom(
     trace: &Trace,
     recorded: &Recorded,
     device: u32,
     requested: u64,
 ) -> Option<ModelAdvice> {
+    if !recorded.snapshot {
+        return None;
+    }
     let d = devices(trace, None)
         .into_iter()
         .find(|d| d.device == device)?;
