@@ -46,5 +46,7 @@ mod snapshots;
 mod visuals;
 #[path = "integration/whatif.rs"]
 mod whatif;
+#[path = "integration/whatif_uses.rs"]
+mod whatif_uses;
 #[path = "integration/windows.rs"]
 mod windows;

@@ -158,3 +158,48 @@ impl ModelAdvice {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn run(label: &str, recorded: bool, fits: bool, min: u64) -> ModelRun {
+        ModelRun {
+            label: label.into(),
+            recorded,
+            reserved_peak_bytes: 60 * MIB,
+            fits,
+            min_capacity_bytes: Some(min),
+        }
+    }
+
+    #[test]
+    fn no_setting_fits_is_said_with_the_smallest_device_that_would() {
+        let mut a = ModelAdvice {
+            device: 0,
+            capacity_bytes: 40 * MIB,
+            runs: vec![
+                run("default", true, false, 80 * MIB),
+                run("expandable_segments:True", false, false, 60 * MIB),
+            ],
+        };
+        let lines = a.lines();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert_eq!(
+            lines[2],
+            "no setting of these (default; expandable_segments:True) fits in the device's \
+             40.00MB: the smallest device this run fits is 60.00MB, with expandable_segments:True"
+        );
+        a.runs[1].fits = true;
+        let lines = a.lines();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[1].starts_with(
+            "with expandable_segments:True this run peaks at 60.00MB reserved and fits"
+        ));
+        // The recorded settings fitting: the failure was not the allocator's rules'.
+        a.runs[0].fits = true;
+        assert!(a.lines()[0].contains("does not run out of memory"));
+    }
+}
