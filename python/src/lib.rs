@@ -23,6 +23,7 @@ mod stacks;
 mod torch_alloc;
 mod torch_files;
 mod torch_track;
+mod whatif;
 
 create_exception!(
     _native,
@@ -747,6 +748,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_alloc::register(m)?;
     torch_files::register(m)?;
     torch_track::register(m)?;
+    whatif::register(m)?;
     Ok(())
 }
 

@@ -17,7 +17,7 @@ mod oom;
 mod output;
 mod tables;
 mod views;
-mod whatif;
+pub mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;

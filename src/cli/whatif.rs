@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::read::Trace;
-use poolsight::analyzer::whatif::{self, Allocator, HeldSegment, Options, Recorded, Settings};
+use poolsight::analyzer::whatif::{
+    self, Allocator, Check, HeldSegment, Options, Recorded, Report, Settings,
+};
 use poolsight_alloc_models::pytorch::check::Held;
 use poolsight_import::{convert_file, FrameFilter, Kind};
 
@@ -203,57 +205,78 @@ pub fn read(named: &Path, opened: &Opened) -> anyhow::Result<Trace> {
     Ok(trace)
 }
 
-pub fn run(args: WhatifArgs, frames: FrameFilter, out: &mut impl Write) -> anyhow::Result<()> {
-    let allocator = match args.allocator {
-        AllocatorArg::Pytorch => Allocator::Pytorch,
-        AllocatorArg::Cupy => Allocator::Cupy,
-    };
-    let opts = Options {
-        allocator,
-        alternatives: args.settings,
-        capacity: args.capacity,
-        min_capacity: args.min_capacity,
-    };
-    if args.check {
+/// What `whatif` found for some files: the replays' reports, or with `check` the checks.
+pub enum Found {
+    Reports(Vec<Report>),
+    Checks(Vec<Check>),
+}
+
+impl Found {
+    /// The JSON document `--format json` prints.
+    pub fn json(&self) -> serde_json::Value {
+        match self {
+            Found::Reports(r) => whatif::json(r),
+            Found::Checks(c) => whatif::checks_json(c),
+        }
+    }
+}
+
+/// Each file opened once ([`open`]) and replayed (or checked) device by device: what the CLI
+/// prints and `poolsight.whatif()` returns.
+pub fn find(
+    paths: &[PathBuf],
+    opts: &Options,
+    check: bool,
+    frames: FrameFilter,
+) -> anyhow::Result<Found> {
+    if check {
         anyhow::ensure!(
-            allocator == Allocator::Pytorch,
+            opts.allocator == Allocator::Pytorch,
             whatif::WhatifError::CupyCheck
         );
     }
-    let mut reports = Vec::new();
-    let mut checks = Vec::new();
-    for named in &args.traces {
+    let (mut reports, mut checks) = (Vec::new(), Vec::new());
+    for named in paths {
         let opened = open(named, frames)?;
         let trace = read(named, &opened)?;
         let name = named.display().to_string();
-        if args.check {
+        if check {
             checks.extend(whatif::check(
                 &trace,
                 &name,
                 &opened.recorded,
-                args.capacity,
+                opts.capacity,
             ));
         } else {
-            reports.extend(whatif::whatif(&trace, &name, &opened.recorded, &opts)?);
+            reports.extend(whatif::whatif(&trace, &name, &opened.recorded, opts)?);
         }
     }
-    match (args.check, args.format) {
-        (true, WhatifFormat::Json) => writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&whatif::checks_json(&checks))?
-        )?,
-        (true, WhatifFormat::Table) => write!(out, "{}", whatif::render::checks(&checks))?,
-        (false, WhatifFormat::Json) => writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&whatif::json(&reports))?
-        )?,
-        (false, WhatifFormat::Table) => write!(
-            out,
-            "{}",
-            whatif::render::tables(&reports, args.min_capacity)
-        )?,
+    Ok(if check {
+        Found::Checks(checks)
+    } else {
+        Found::Reports(reports)
+    })
+}
+
+pub fn run(args: WhatifArgs, frames: FrameFilter, out: &mut impl Write) -> anyhow::Result<()> {
+    let opts = Options {
+        allocator: match args.allocator {
+            AllocatorArg::Pytorch => Allocator::Pytorch,
+            AllocatorArg::Cupy => Allocator::Cupy,
+        },
+        alternatives: args.settings,
+        capacity: args.capacity,
+        min_capacity: args.min_capacity,
+    };
+    let found = find(&args.traces, &opts, args.check, frames)?;
+    match (&found, args.format) {
+        (_, WhatifFormat::Json) => {
+            writeln!(out, "{}", serde_json::to_string_pretty(&found.json())?)?
+        }
+        (Found::Checks(c), WhatifFormat::Table) => write!(out, "{}", whatif::render::checks(c))?,
+        (Found::Reports(r), WhatifFormat::Table) => {
+            write!(out, "{}", whatif::render::tables(r, args.min_capacity))?
+        }
     }
     Ok(())
 }

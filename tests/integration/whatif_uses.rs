@@ -155,22 +155,9 @@ fn diff_whatif_wrong_arguments_are_one_line_and_exit_2() {
         "max_split_size_mb:20",
     ]));
     usage_error(&cli(&["diff", OOM, OOM, "--capacity", "12XB"]));
-    usage_error(&cli(&[
-        "diff",
-        OOM,
-        OOM,
-        "--whatif",
-        "--fail-on",
-        "whatif:0.bogus>0",
-    ]));
-    usage_error(&cli(&[
-        "diff",
-        OOM,
-        OOM,
-        "--whatif",
-        "--fail-on",
-        "whatif:0.failures>1MB",
-    ]));
+    for rule in ["whatif:0.bogus>0", "whatif:0.failures>1MB"] {
+        usage_error(&cli(&["diff", OOM, OOM, "--whatif", "--fail-on", rule]));
+    }
 }
 
 #[test]
