@@ -154,12 +154,15 @@ pub fn replay<M: Model>(model: M, requests: &[Request], stop_at_failure: bool) -
 }
 
 /// The smallest capacity, a multiple of `granule` bytes, with which the run has no failure:
-/// a binary search from `start` bytes up, the model (`model(capacity)`) re-run each time.
-/// Assumes that a larger device never fails where a smaller one fits (true of the allocators'
-/// rules in all but contrived runs). `None` when even the largest capacity tried fails.
+/// a binary search between `floor` (every capacity below it fails) and `start` bytes (the
+/// first tried above; doubled until the run fits), the model (`model(capacity)`) re-run each
+/// time. Assumes that a larger device never fails where a smaller one fits (true of the
+/// allocators' rules in all but contrived runs). `None` when even the largest capacity tried
+/// fails.
 pub fn min_capacity<M: Model>(
     requests: &[Request],
     granule: u64,
+    floor: u64,
     start: u64,
     model: impl Fn(Option<u64>) -> M,
 ) -> Option<u64> {
@@ -174,17 +177,19 @@ pub fn min_capacity<M: Model>(
             .first_failure
             .is_none()
     };
-    let mut hi = start.div_ceil(granule).max(1);
+    // Invariant: !fits(lo * granule) (nothing fits in 0 bytes, nor below the floor).
+    let mut lo = floor.saturating_sub(1) / granule;
+    let mut hi = start.div_ceil(granule).max(lo + 1);
     let mut tries = 0;
     while !fits(hi.saturating_mul(granule)) {
+        lo = hi;
         hi = hi.saturating_mul(2);
         tries += 1;
         if tries > 20 {
             return None;
         }
     }
-    // Invariant: fits(hi * granule), and !fits(lo * granule) (nothing fits in 0 bytes).
-    let mut lo = 0;
+    // Invariant: fits(hi * granule) and !fits(lo * granule).
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if fits(mid * granule) {
@@ -194,6 +199,32 @@ pub fn min_capacity<M: Model>(
         }
     }
     Some(hi * granule)
+}
+
+/// The most bytes the run's requests hold at once, as asked (before any rounding): a block
+/// counts from its request to the request of its free. No allocator serves the run in less.
+pub fn requested_peak(requests: &[Request]) -> u64 {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut now, mut peak) = (0u64, 0u64);
+    for r in requests {
+        match r.op {
+            Op::Malloc => {
+                if let Some(old) = live.insert(r.addr, r.size) {
+                    now -= old;
+                }
+                now += r.size;
+            }
+            Op::OutOfMemory => peak = peak.max(now.saturating_add(r.size)),
+            Op::FreeRequested | Op::Free => {
+                if let Some(s) = live.remove(&r.addr) {
+                    now -= s;
+                }
+            }
+            Op::Acquire | Op::Release => {}
+        }
+        peak = peak.max(now);
+    }
+    peak
 }
 
 /// The replay's state: the model and the recorded blocks' handles.

@@ -3,7 +3,7 @@
 //! a run replayed through it.
 
 use poolsight_alloc_models::cupy::{round_size, Pool};
-use poolsight_alloc_models::replay::{min_capacity, replay, Op, Request};
+use poolsight_alloc_models::replay::{min_capacity, replay, requested_peak, Op, Request};
 
 const MIB: u64 = 1 << 20;
 
@@ -213,8 +213,15 @@ fn a_run_replays_through_the_pool() {
     let o = replay(Pool::new(Some(8 * MIB)), &run, false);
     assert_eq!(o.first_failure.as_ref().map(|f| f.index), Some(2));
     assert_eq!(
-        min_capacity(&run, 512, 0, Pool::new),
+        min_capacity(&run, 512, 0, 0, Pool::new),
         Some(9 * MIB),
         "the smallest device: the three blocks"
+    );
+    // The three blocks are the most the requests hold at once: a floor the search may start
+    // from, with the same answer.
+    assert_eq!(requested_peak(&run), 9 * MIB);
+    assert_eq!(
+        min_capacity(&run, 512, 9 * MIB, 9 * MIB, Pool::new),
+        Some(9 * MIB)
     );
 }

@@ -25,8 +25,9 @@ pub fn replay(requests: &[Request], config: &Config) -> Outcome {
 }
 
 /// The smallest capacity (a multiple of 2 MiB, the granule of every segment and page) with
-/// which the run has no failure ([`crate::replay::min_capacity`]), searched from the reserved
-/// peak of a replay without limit (over the memory fraction, when one is set).
+/// which the run has no failure ([`crate::replay::min_capacity`]), searched between the bytes
+/// its requests hold at once and the reserved peak of a replay without limit (over the memory
+/// fraction, when one is set).
 pub fn min_capacity(requests: &[Request], settings: &Settings) -> Option<u64> {
     let unlimited = replay(
         requests,
@@ -36,11 +37,18 @@ pub fn min_capacity(requests: &[Request], settings: &Settings) -> Option<u64> {
             stop_at_failure: false,
         },
     );
+    // The allocator may reserve only the fraction of the device: the blocks live at once,
+    // and the reserved peak, over it.
     let fraction = settings.memory_fraction.unwrap_or(1.0);
-    let start = (unlimited.reserved_peak as f64 / fraction).ceil() as u64;
-    generic::min_capacity(requests, ROUND_LARGE, start, |c| {
-        Allocator::new(settings.clone(), c)
-    })
+    let over = |b: u64| (b as f64 / fraction).ceil() as u64;
+    let floor = over(generic::requested_peak(requests));
+    generic::min_capacity(
+        requests,
+        ROUND_LARGE,
+        floor,
+        over(unlimited.reserved_peak),
+        |c| Allocator::new(settings.clone(), c),
+    )
 }
 
 impl Model for Allocator {

@@ -249,6 +249,7 @@ pub(crate) fn replay_device(
                 model_replay::min_capacity(
                     &d.requests,
                     cupy::ALLOCATION_UNIT_SIZE,
+                    model_replay::requested_peak(&d.requests),
                     start,
                     cupy::Pool::new,
                 )
