@@ -64,23 +64,15 @@ fn ooms_with(
 }
 
 /// The allocator settings a PyTorch snapshot recorded (PyTorch's defaults for a snapshot
-/// without them; nothing for another file, or a snapshot that cannot be read again: its
-/// `oom` still explains the state, without the model).
+/// without them, or for another file).
 fn recorded_of(path: &Path) -> Recorded {
-    let data = is_pytorch_file(path)
+    let settings = is_pytorch_file(path)
         .then(|| std::fs::read(path).ok())
         .flatten()
-        .filter(|d| poolsight_import::detect(d) == poolsight_import::Kind::Snapshot);
-    let state = data.and_then(|d| poolsight_import::settings::allocator_state(&d).ok());
-    let Some(state) = state else {
-        return Recorded::default();
-    };
-    let settings = match state.settings {
-        Some(pairs) => Settings::from_recorded(&pairs).ok(),
-        None => Some(Settings::default()),
-    };
+        .filter(|d| poolsight_import::detect(d) == poolsight_import::Kind::Snapshot)
+        .and_then(|d| poolsight_import::settings::allocator_state(&d).ok())
+        .and_then(|state| Settings::from_recorded(&state.settings?).ok());
     Recorded {
-        snapshot: settings.is_some(),
         settings: settings.unwrap_or_default(),
         ..Recorded::default()
     }

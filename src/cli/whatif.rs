@@ -14,7 +14,7 @@ use poolsight::analyzer::whatif::{
     self, Allocator, Check, HeldSegment, Options, Recorded, Report, Settings,
 };
 use poolsight_alloc_models::pytorch::check::Held;
-use poolsight_import::{convert_file, FrameFilter, Kind};
+use poolsight_import::{convert_file, FrameFilter};
 
 use super::import::is_pytorch_file;
 use super::load::check_trace_path;
@@ -160,10 +160,7 @@ pub fn open(named: &Path, frames: FrameFilter) -> anyhow::Result<Opened> {
     };
     let c =
         convert_file(named, &trace, &opts, None).with_context(|| format!("{}", named.display()))?;
-    let mut recorded = Recorded {
-        snapshot: c.kind == Kind::Snapshot,
-        ..Recorded::default()
-    };
+    let mut recorded = Recorded::default();
     if let Some(state) = c.allocator {
         if let Some(pairs) = state.settings {
             recorded.settings = Settings::from_recorded(&pairs).with_context(|| {

@@ -209,6 +209,17 @@ fn oom_advice_says_what_the_model_found() {
         "{}",
         r.stdout
     );
+    // A snapshot converted once is still PyTorch's allocator's recording (its settings are
+    // not in the trace: PyTorch's defaults, which are this snapshot's).
+    let dir = crate::support::scratch::dir();
+    let converted = dir.join("oom.pstrace");
+    let c = converted.to_str().unwrap();
+    assert_eq!(cli(&["import", OOM, "-o", c]).code, 0);
+    let j2 = cli(&["oom", c, "--format", "json"]).json();
+    assert_eq!(j2["ooms"][0]["whatif"], *w);
+    let check = cli(&["whatif", "--check", "--format", "json", c]).json();
+    assert_eq!(check["checks"][0]["recorded_by"], "pytorch");
+    assert_eq!(check["checks"][0]["exact"], true);
     // A poolsight trace's out-of-memory was not PyTorch's allocator's: no model there.
     let j = cli(&[
         "oom",

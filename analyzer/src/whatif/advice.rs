@@ -53,16 +53,17 @@ fn settings_at(recorded: &Settings, requested: u64) -> Vec<(Settings, bool)> {
 }
 
 /// The model's replays of `trace`'s device `device`, whose first out-of-memory asked for
-/// `requested` bytes; `None` when the file gives no capacity to replay on, or when PyTorch's
-/// caching allocator did not record it (only a snapshot's out-of-memory is the one the
-/// model's settings speak of).
+/// `requested` bytes; `None` when PyTorch's caching allocator did not record it (only a
+/// snapshot's out-of-memory is the one the model's settings speak of), when the file gives no
+/// capacity to replay on, or when the request alone is larger than it (no setting helps, and
+/// `oom` says so already).
 pub fn at_oom(
     trace: &Trace,
     recorded: &Recorded,
     device: u32,
     requested: u64,
 ) -> Option<ModelAdvice> {
-    if !recorded.snapshot {
+    if !super::recorded_by_pytorch(trace) {
         return None;
     }
     let d = devices(trace, None)
@@ -70,7 +71,7 @@ pub fn at_oom(
         .find(|d| d.device == device)?;
     let capacity = d
         .capacity
-        .filter(|_| d.capacity_source != CapacitySource::None)?;
+        .filter(|&c| d.capacity_source != CapacitySource::None && requested <= c)?;
     let tried = settings_at(&recorded.settings, requested);
     let runs = tried
         .par_iter()

@@ -54,7 +54,7 @@ pub fn check(trace: &Trace, name: &str, recorded: &Recorded, capacity: Option<u6
             let a = compare(&d.requests, &recorded.settings, d.capacity, &held);
             Check {
                 trace: name.to_string(),
-                recorded_by: if recorded.snapshot {
+                recorded_by: if super::recorded_by_pytorch(trace) {
                     "pytorch"
                 } else {
                     "other"

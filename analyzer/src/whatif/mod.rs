@@ -63,7 +63,9 @@ impl std::str::FromStr for Allocator {
     }
 }
 
-/// What is known of the allocator that recorded a trace.
+/// What is known of the allocator that recorded a trace, beyond the trace: a snapshot's
+/// `allocator_settings` and `segments` (the importer hands them back; a converted trace keeps
+/// neither).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recorded {
     /// A snapshot's `allocator_settings`; PyTorch's defaults for other traces.
@@ -71,8 +73,16 @@ pub struct Recorded {
     /// A snapshot's `segments` at its end (the state a recording that did not begin empty
     /// started from, for [`check`]).
     pub held: Vec<HeldSegment>,
-    /// Whether PyTorch's caching allocator recorded the trace's segments (a snapshot).
-    pub snapshot: bool,
+}
+
+/// Whether PyTorch's caching allocator made the decisions `trace` records: a PyTorch
+/// snapshot converted by `poolsight import` (or by any command handed one).
+pub fn recorded_by_pytorch(trace: &Trace) -> bool {
+    trace
+        .header
+        .import
+        .as_ref()
+        .is_some_and(|i| i.kind == "pytorch-snapshot")
 }
 
 /// How to replay.
