@@ -52,5 +52,7 @@ mod user_frames;
 mod visuals;
 #[path = "integration/whatif.rs"]
 mod whatif;
+#[path = "integration/whatif_uses.rs"]
+mod whatif_uses;
 #[path = "integration/windows.rs"]
 mod windows;

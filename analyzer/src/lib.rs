@@ -12,6 +12,8 @@
 //!   tables lives there; and `info`, what a file holds;
 //! - [`views`]: the pictures — flamegraphs, the timeline, the interactive HTML report;
 //! - [`diff`]: two runs' figures compared, and the rules a CI gate checks;
+//! - [`whatif`]: a run replayed through a model of an allocator (PyTorch's caching allocator
+//!   under other settings, CuPy's pool): what it would reserve, and where it runs out;
 //! - [`export`]: traces rewritten for other tools (Chrome/Perfetto, JSON Lines), the Parquet
 //!   dataset of many runs, and packed traces.
 //!
@@ -25,6 +27,7 @@ pub mod read;
 pub mod replay;
 pub mod tables;
 pub mod views;
+pub mod whatif;
 
 pub use read::{ChunkInfo, ChunkKind, ReadError, Trace, Warning};
 pub use replay::{replay, Profile, ReplayOptions};

@@ -128,6 +128,9 @@ pub struct Events {
     /// Time of the last entry (ns).
     pub end: u64,
     pub unix_start_ns: u64,
+    /// What a snapshot says of its allocator (settings, segments at its end), read in the same
+    /// pass as its entries, for a model that replays the run (`poolsight whatif`).
+    pub allocator: Option<crate::settings::AllocatorState>,
 }
 
 /// The label frame of a block whose allocation the trace does not hold.
@@ -151,6 +154,7 @@ impl Events {
             observed: false,
             end: 0,
             unix_start_ns: 0,
+            allocator: None,
         }
     }
 

@@ -113,6 +113,9 @@ pub struct Converted {
     pub output_bytes: u64,
     pub overflowed: bool,
     pub unmapped: Vec<String>,
+    /// A snapshot's allocator settings and segments, read in the same pass (`None` for a
+    /// profiler trace).
+    pub allocator: Option<settings::AllocatorState>,
 }
 
 /// Converts the snapshot or profiler trace at `input` into a poolsight trace at `output`.
@@ -143,7 +146,7 @@ pub fn convert_file(
         let _ = m.advise(memmap2::Advice::Sequential);
     }
     let kind = detect(data);
-    let events = match kind {
+    let mut events = match kind {
         Kind::Snapshot => {
             let mut released = 0;
             let mut read_so_far = |pos: u64| {
@@ -185,6 +188,7 @@ pub fn convert_file(
     };
     let (entries, overflowed, unmapped) =
         (events.entries, events.overflowed, events.unmapped.clone());
+    let allocator = events.allocator.take();
     let rank = opts.rank;
     let mtime = file
         .metadata()
@@ -201,6 +205,7 @@ pub fn convert_file(
         output_bytes: w.file_bytes,
         overflowed,
         unmapped,
+        allocator,
     })
 }
 

@@ -2,8 +2,8 @@
 //! whatif`): its `allocator_settings` (the options in effect when the snapshot was taken:
 //! `PYTORCH_CUDA_ALLOC_CONF`, `max_split_size`, `expandable_segments`,
 //! `roundup_power2_divisions`, ...) and its `segments` (what the allocator held at the end,
-//! block by block). Read in a pass of its own that keeps nothing of the trace entries and
-//! frames.
+//! block by block). Read in the conversion's own pass ([`crate::Converted::allocator`]), or in
+//! a pass of its own ([`allocator_state`]).
 
 use crate::pickle::{self, Build, Store, Value};
 use crate::ImportError;
@@ -55,11 +55,18 @@ pub struct AllocatorState {
     pub segments: Vec<HeldSegment>,
 }
 
-/// The allocator settings and held segments of a snapshot pickle.
+/// The allocator settings and held segments of a snapshot pickle, in a pass of its own that
+/// keeps nothing of the trace entries and frames. A conversion ([`crate::convert_file`]) hands
+/// them back from its own pass ([`crate::Converted::allocator`]): this is for a caller that
+/// has the trace already.
 pub fn allocator_state(data: &[u8]) -> Result<AllocatorState, ImportError> {
     let parsed = pickle::parse(data, &KEYS, &mut Skip, None)?;
-    let s = &parsed.store;
-    let root = parsed.root;
+    Ok(state_of(&parsed.store, parsed.root))
+}
+
+/// The allocator settings and held segments of a parsed snapshot, whatever the parse kept of
+/// its entries.
+pub(crate) fn state_of<M: Copy>(s: &Store<M>, root: Value<M>) -> AllocatorState {
     let settings = s.get(root, "allocator_settings").map(|v| {
         s.pairs(v)
             .filter_map(|(k, v)| Some((s.str(k)?.to_string(), text(s, v))))
@@ -100,10 +107,10 @@ pub fn allocator_state(data: &[u8]) -> Result<AllocatorState, ImportError> {
             allocated,
         });
     }
-    Ok(AllocatorState { settings, segments })
+    AllocatorState { settings, segments }
 }
 
-fn text(s: &Store<()>, v: Value<()>) -> String {
+fn text<M: Copy>(s: &Store<M>, v: Value<M>) -> String {
     match v {
         Value::None => "None".into(),
         Value::Bool(b) => if b { "True" } else { "False" }.into(),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import sys
 import tracemalloc
@@ -35,6 +36,7 @@ __all__ = [
     "main",
     "pack",
     "record",
+    "whatif",
 ]
 
 __version__ = _native.__version__
@@ -436,6 +438,45 @@ def pack(
     if level is not None:
         _check_level(level)
     return _native.pack(trace, output, level)
+
+
+def whatif(
+    *paths: str | os.PathLike[str],
+    settings: list[str] | tuple[str, ...] | str = (),
+    capacity: int | str | None = None,
+    min_capacity: bool = False,
+    check: bool = False,
+    allocator: str = "pytorch",
+    frames: str | None = None,
+) -> dict | list:
+    """What would fit: the runs in ``paths`` (traces, PyTorch snapshots) replayed through a model
+    of PyTorch's caching allocator under their recorded settings and ``settings`` (each a
+    ``PYTORCH_CUDA_ALLOC_CONF`` string; a few sensible ones when empty), or through CuPy's pool
+    (``allocator="cupy"``), on ``capacity`` bytes (an int, or ``"16GiB"``; default: what the
+    file says), their stacks as ``--frames`` says (``None``: each file's default). Returns what ``poolsight whatif --format json`` prints: one report's dict
+    (``allocator``, ``capacity_bytes``, ``runs`` with ``reserved_peak_bytes``, ``fits``,
+    ``first_failure``, ``min_capacity_bytes``...), a list of them for several files or devices,
+    or with ``check=True`` ``{"checks": [...]}``. Raises :class:`ValueError` for a bad
+    argument, :class:`PoolsightError` for a file that cannot be read."""
+    if not paths:
+        raise TypeError("whatif() needs at least one trace or snapshot path")
+    if isinstance(settings, str):
+        settings = [settings]
+    if not all(isinstance(s, str) for s in settings):
+        raise TypeError("settings are PYTORCH_CUDA_ALLOC_CONF strings")
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, str, type(None))):
+        raise TypeError(f"capacity is bytes (an int) or a size like '16GiB', not {capacity!r}")
+    cap = str(capacity) if capacity is not None else None
+    text = _native.whatif_json(
+        [os.fspath(p) for p in paths],
+        list(settings),
+        cap,
+        bool(min_capacity),
+        bool(check),
+        allocator,
+        frames,
+    )
+    return json.loads(text)
 
 
 def main(argv: list[str] | None = None) -> int:

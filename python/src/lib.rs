@@ -24,6 +24,7 @@ mod stacks;
 mod torch_alloc;
 mod torch_files;
 mod torch_track;
+mod whatif;
 
 create_exception!(
     _native,
@@ -773,6 +774,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cupy_alloc::register(m)?;
     torch_files::register(m)?;
     torch_track::register(m)?;
+    whatif::register(m)?;
     Ok(())
 }
 

@@ -9,9 +9,11 @@ use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
 use poolsight::analyzer::load::incomplete;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
+use poolsight::analyzer::whatif::{self, Settings};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
 use super::load::Reading;
+use super::whatif::{parse_bytes, parse_setting};
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
@@ -28,14 +30,24 @@ Rules (--fail-on, repeatable; --rules FILE with fail_on = [\"RULE\", ...]):
           out_of_memory, time (wall time, alias wall_time),
           function:NAME.used|acquired|self_used|self_acquired|occurrence|time,
           link:NAME.time|occurrence, line:STACK.used|acquired, epoch:N.gpu_used|gpu_peak|
-          cpu_used|cpu_peak; `*` matches any characters (function:*.used: every function)
+          cpu_used|cpu_peak, whatif:DEVICE.reserved_peak|fragmentation|failures|min_capacity|..;
+          `*` matches any characters (function:*.used: every function)
   VALUE   +5% (of the base; growth from 0 crosses any percentage), +64MB (B, KB, MB, GB, TB;
           1024 steps), +100ms (ns, us, ms, s, min), or a plain number (bytes, ns or a count)
+
+What would fit (--whatif): each run also replayed through the model of PyTorch's caching
+allocator (`poolsight whatif`), under its recorded settings, or --setting K:V on both sides,
+or --base-setting / --new-setting one per side (the same file twice compares two settings);
+the whatif section gives per device whatif:DEVICE.reserved_peak, allocated_peak,
+fragmentation, inactive_split, min_capacity (bytes) and failures (requests that do not fit
+--capacity, else the trace's device).
 
 Exit status: 0 no rule crossed, 1 a rule crossed (each violation listed), 2 bad input.
 
 Examples:
   poolsight diff base.pstrace new.pstrace --fail-on 'peak_used>+5%'
+  poolsight diff run.pickle run.pickle --base-setting max_split_size_mb:128 \\
+      --new-setting expandable_segments:True --fail-on 'whatif:*.reserved_peak>0'
   poolsight diff --base base-*.pstrace --new new-*.pstrace --rules poolsight-rules.toml \\
       --format markdown --top 15 > comment.md";
 
@@ -86,6 +98,23 @@ pub struct DiffArgs {
     /// flamegraph (any metric), each run's tables. With several runs, the first of each side.
     #[arg(long, value_name = "F.html")]
     pub html: Option<PathBuf>,
+    /// Also replay each run through the model of PyTorch's caching allocator, under its
+    /// recorded settings: the whatif section (see --help).
+    #[arg(long)]
+    pub whatif: bool,
+    /// Replay both sides under this setting, over their recorded ones (implies --whatif).
+    #[arg(long, value_name = "K:V[,K:V]", value_parser = parse_setting, conflicts_with_all = ["base_setting", "new_setting"])]
+    pub setting: Option<Settings>,
+    /// Replay the base side under this setting (implies --whatif).
+    #[arg(long, value_name = "K:V[,K:V]", value_parser = parse_setting)]
+    pub base_setting: Option<Settings>,
+    /// Replay the new side under this setting (implies --whatif).
+    #[arg(long, value_name = "K:V[,K:V]", value_parser = parse_setting)]
+    pub new_setting: Option<Settings>,
+    /// The device memory the replays may take (16GiB, 80GB, ...; implies --whatif); default:
+    /// each trace's own.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
     /// What the flamegraph measures: used, acquired, peak or time.
     #[arg(long, default_value = "used", value_parser = parse_metric, requires = "flamegraph")]
     pub flamegraph_metric: Metric,
@@ -127,7 +156,18 @@ struct Side {
     partial: Option<String>,
 }
 
-fn figures(paths: &[PathBuf], keep_first: bool, r: &Reading) -> anyhow::Result<Side> {
+/// How a side is replayed through the allocator model, when it is.
+struct Whatif<'a> {
+    setting: Option<&'a Settings>,
+    capacity: Option<u64>,
+}
+
+fn figures(
+    paths: &[PathBuf],
+    keep_first: bool,
+    r: &Reading,
+    model: Option<&Whatif>,
+) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
     let mut figures = Vec::new();
@@ -139,11 +179,19 @@ fn figures(paths: &[PathBuf], keep_first: bool, r: &Reading) -> anyhow::Result<S
             live_at_peak: true,
             ..ReplayOptions::default()
         };
-        // One path: one trace and its profile, or an error.
-        let mut loaded = r.load(std::slice::from_ref(path), replay)?;
+        // One path: one trace and its profile, or an error; read once for the model too (a
+        // snapshot's conversion hands back its allocator settings).
+        let inputs = r.inputs(std::slice::from_ref(path))?;
+        let mut loaded = r.load_inputs(&inputs, replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
-        figures.push(Figures::of(&Report::compute(&profile, &opts)));
+        let mut f = Figures::of(&Report::compute(&profile, &opts));
+        if let Some(m) = model {
+            let recorded = inputs.recorded_of(&trace);
+            let w = whatif::figures::figures(&trace, &recorded, m.setting, m.capacity);
+            f.by_key.extend(w.by_key);
+        }
+        figures.push(f);
         if i == 0 && keep_first {
             first = Some((trace, profile));
         }
@@ -162,8 +210,21 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
         rules.extend(read_rules(path)?);
     }
     let keep = args.flamegraph.is_some() || args.html.is_some();
-    let base_side = figures(base_paths, keep, r)?;
-    let new_side = figures(new_paths, keep, r)?;
+    let whatif = args.whatif
+        || args.setting.is_some()
+        || args.base_setting.is_some()
+        || args.new_setting.is_some()
+        || args.capacity.is_some();
+    let base_model = Whatif {
+        setting: args.base_setting.as_ref().or(args.setting.as_ref()),
+        capacity: args.capacity,
+    };
+    let new_model = Whatif {
+        setting: args.new_setting.as_ref().or(args.setting.as_ref()),
+        capacity: args.capacity,
+    };
+    let base_side = figures(base_paths, keep, r, whatif.then_some(&base_model))?;
+    let new_side = figures(new_paths, keep, r, whatif.then_some(&new_model))?;
     let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
         .iter()
         .filter_map(|(side, p)| p.as_ref().map(|p| format!("{side} run is partial: {p}")))
@@ -212,6 +273,19 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
         DiffFormat::Table | DiffFormat::Markdown => {
             for p in &partial {
                 writeln!(out, "warning: {p}\n")?;
+            }
+            if whatif {
+                let under = |m: &Whatif| {
+                    m.setting.map_or("its recorded settings".to_string(), |s| {
+                        format!("{} over its recorded settings", s.label())
+                    })
+                };
+                writeln!(
+                    out,
+                    "whatif: each run replayed through PyTorch's caching allocator; base under {}, new under {}\n",
+                    under(&base_model),
+                    under(&new_model)
+                )?;
             }
         }
         DiffFormat::Json => {

@@ -2,12 +2,10 @@
 //! [`poolsight::analyzer::load`] — PyTorch files converted by [`PyTorchFiles`], stacks shown as
 //! `--frames` says — with a progress bar on a terminal, and what was wrong with them on stderr.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use poolsight::analyzer::load::{
-    FrameFilter, Inputs, LoadError, LoadOptions, LoadWarning, Loaded, View,
-};
+use poolsight::analyzer::load::{FrameFilter, Inputs, LoadOptions, LoadWarning, Loaded, View};
 use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::{Profile, ReplayOptions};
 
@@ -111,13 +109,4 @@ impl Reading {
             .map(|v| (v.heading, f(&v.profile)))
             .collect())
     }
-}
-
-/// A directory named where a trace file is expected gets its own message (opening it would
-/// report the operating system's "No such device" or "Is a directory").
-pub fn check_trace_path(path: &Path) -> anyhow::Result<()> {
-    if path.is_dir() {
-        return Err(LoadError::Directory { path: path.into() }.into());
-    }
-    Ok(())
 }

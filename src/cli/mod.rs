@@ -18,7 +18,7 @@ mod oom;
 mod output;
 mod tables;
 mod views;
-mod whatif;
+pub mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub use import::PyTorchFiles;
+pub use load::Reading;
 
 /// Record what a training run does with GPU memory and time; analyze the trace later.
 ///
@@ -118,7 +119,7 @@ enum Command {
     /// Compare two runs and fail when memory or time grew past what --fail-on allows.
     ///
     /// Exit 0 when no rule is crossed, 1 when one is (each violation listed), 2 on bad input.
-    Diff(diff::DiffArgs),
+    Diff(Box<diff::DiffArgs>),
     /// Convert PyTorch memory snapshots or torch.profiler traces into poolsight traces.
     ///
     /// Every command also reads those files directly (converting them each time); importing
@@ -241,7 +242,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Timeline(a) => views::timeline(a, r)?,
         Command::Html(a) => views::html(a, r)?,
         Command::Export(a) => export::export(a, r)?,
-        Command::Diff(a) => return diff::run(a, r, &mut out),
+        Command::Diff(a) => return diff::run(*a, r, &mut out),
         Command::Pack(a) => export::pack(a, r, &mut out)?,
         Command::Import(a) => import::import(a, cli.frames.unwrap_or_default(), &mut out)?,
         Command::Whatif(a) => whatif::run(a, r, &mut out)?,

@@ -224,13 +224,14 @@ pub fn report(args: ReportArgs, r: &Reading, out: &mut impl Write) -> anyhow::Re
         live_at_peak: true,
         ..ReplayOptions::default()
     };
+    let inputs = r.inputs(&input.traces)?;
     let Loaded {
         traces, profiles, ..
-    } = r.load(&input.traces, replay)?;
+    } = r.load_inputs(&inputs, replay)?;
     let ooms = profiles
         .iter()
         .any(|p| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
-        .then(|| super::oom::ooms_of(&traces));
+        .then(|| super::oom::ooms_of(&traces, &inputs));
     let v: Vec<(String, Report)> = views(profiles, input.per_rank)
         .into_iter()
         .map(|v| (v.heading, Report::compute(&v.profile, &opts)))

@@ -1,7 +1,9 @@
 //! The device allocator (`DeviceCachingAllocator`), one function per function of
 //! `CUDACachingAllocator.cpp`, same names where PyTorch has one, so a reader can hold the two
 //! side by side. What it leaves out: CUDA graphs' private pools, IPC, the free-memory
-//! callbacks (none is registered in a plain run), peer access.
+//! callbacks (none is registered in a plain run), peer access. This file holds the blocks and
+//! the malloc path; `segments.rs` the device memory under them (new segments, releases,
+//! garbage collection) and `expandable.rs` the expandable segments.
 //!
 //! Blocks live in a slab and link to their neighbours in the segment (`prev`/`next`) as
 //! PyTorch's do; each pool keeps its free blocks ordered by (stream, size, address) for best
@@ -15,11 +17,12 @@ use rustc_hash::FxHashMap;
 
 use super::settings::Settings;
 use super::{LARGE_BUFFER, MIN_BLOCK, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
+use crate::replay::{Oom, Stats};
 
-const NIL: u32 = u32::MAX;
+pub(super) const NIL: u32 = u32::MAX;
 
 /// Where model addresses start when no hint gives one: above any address a GPU hands out.
-const BUMP_BASE: u64 = 1 << 48;
+pub(super) const BUMP_BASE: u64 = 1 << 48;
 
 /// Requests above this (64 TiB) fail at once: no device has it, and sums of such sizes would
 /// overflow.
@@ -47,38 +50,6 @@ pub struct SegmentEvent {
     pub stream: u32,
 }
 
-/// The allocator's byte counts now and at their peaks (PyTorch's `memory_stats` names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Bytes held from the device (`reserved_bytes`).
-    pub reserved: u64,
-    /// Bytes of blocks handed out and not yet freed (`allocated_bytes`).
-    pub allocated: u64,
-    /// Free bytes in split segments, outside expandable segments (`inactive_split_bytes`).
-    pub inactive_split: u64,
-    /// Segments held (`segment`), expandable segments counting one each.
-    pub segments: u64,
-    pub peak_reserved: u64,
-    pub peak_allocated: u64,
-    /// Device allocations (`num_device_alloc`) and frees (`num_device_free`).
-    pub device_allocs: u64,
-    pub device_frees: u64,
-}
-
-/// A request the allocator could not serve (`OutOfMemoryError`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Oom {
-    /// Bytes asked.
-    pub requested: u64,
-    /// The request rounded (`round_size`).
-    pub size: u64,
-    /// The segment it needed (`get_allocation_size`): "Tried to allocate".
-    pub alloc_size: u64,
-    /// Reserved and allocated bytes when it failed (after the cache was released).
-    pub reserved: u64,
-    pub allocated: u64,
-}
-
 /// A block handed out: its id (for the free) and address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle {
@@ -89,71 +60,71 @@ pub struct Handle {
 }
 
 #[derive(Debug, Clone)]
-struct Block {
-    addr: u64,
-    size: u64,
-    stream: u32,
-    small: bool,
-    allocated: bool,
+pub(super) struct Block {
+    pub(super) addr: u64,
+    pub(super) size: u64,
+    pub(super) stream: u32,
+    pub(super) small: bool,
+    pub(super) allocated: bool,
     /// Freed, but other streams may still use it (`event_count > 0`): neither reusable nor
     /// mergeable until its free completes.
-    pending: bool,
-    mapped: bool,
-    prev: u32,
-    next: u32,
+    pub(super) pending: bool,
+    pub(super) mapped: bool,
+    pub(super) prev: u32,
+    pub(super) next: u32,
     /// Its expandable segment, or NIL.
-    es: u32,
+    pub(super) es: u32,
     /// `get_free_blocks_call_count` of its pool when it was cached (`gc_count_base`).
-    gc_base: i64,
+    pub(super) gc_base: i64,
     /// The id of the allocation it holds.
-    id: u64,
+    pub(super) id: u64,
 }
 
-type Key = (u32, u64, u64, u32);
+pub(super) type Key = (u32, u64, u64, u32);
 
 #[derive(Debug, Default)]
-struct Pool {
+pub(super) struct Pool {
     /// Free mapped blocks by (stream, size, address) (`BlockComparatorSize`).
-    blocks: BTreeSet<Key>,
+    pub(super) blocks: BTreeSet<Key>,
     /// Unmapped ranges of expandable segments by (stream, address) (`BlockComparatorAddress`).
-    unmapped: BTreeSet<(u32, u64, u32)>,
-    get_free_blocks_call_count: i64,
+    pub(super) unmapped: BTreeSet<(u32, u64, u32)>,
+    pub(super) get_free_blocks_call_count: i64,
 }
 
 /// One expandable segment: a reserved address range mapped page by page.
 #[derive(Debug)]
-struct Expandable {
-    base: u64,
+pub(super) struct Expandable {
+    pub(super) base: u64,
     /// Bytes of address space reserved.
-    size: u64,
-    page: u64,
+    pub(super) size: u64,
+    pub(super) page: u64,
     /// Which pages are mapped (`handles_`).
-    mapped: Vec<bool>,
+    pub(super) mapped: Vec<bool>,
     /// Its order among the device's segments.
-    ordinal: u64,
+    pub(super) ordinal: u64,
 }
 
 /// PyTorch's caching allocator for one device.
 pub struct Allocator {
-    settings: Settings,
-    capacity: Option<u64>,
-    blocks: Vec<Block>,
-    free_slots: Vec<u32>,
+    pub(super) settings: Settings,
+    pub(super) capacity: Option<u64>,
+    pub(super) blocks: Vec<Block>,
+    pub(super) free_slots: Vec<u32>,
     /// [large, small].
-    pools: [Pool; 2],
+    pub(super) pools: [Pool; 2],
     /// Allocated and pending blocks by allocation id.
-    live: FxHashMap<u64, u32>,
+    pub(super) live: FxHashMap<u64, u32>,
     /// Blocks whose free waits for other streams, in the order they were freed.
-    pending: Vec<u32>,
-    expandables: Vec<Option<Expandable>>,
+    pub(super) pending: Vec<u32>,
+    pub(super) expandables: Vec<Option<Expandable>>,
     /// `cudaMalloc`ed segments by address: (size, ordinal).
-    segments: BTreeMap<u64, (u64, u64)>,
-    next_ordinal: u64,
-    next_id: u64,
-    bump: u64,
-    hints: VecDeque<u64>,
-    stats: Stats,
-    log: Option<Vec<SegmentEvent>>,
+    pub(super) segments: BTreeMap<u64, (u64, u64)>,
+    pub(super) next_ordinal: u64,
+    pub(super) next_id: u64,
+    pub(super) bump: u64,
+    pub(super) hints: VecDeque<u64>,
+    pub(super) stats: Stats,
+    pub(super) log: Option<Vec<SegmentEvent>>,
 }
 
 /// The bytes a request is rounded to (`round_size`).
@@ -261,18 +232,18 @@ impl Allocator {
             .map(|e| (e.base, e.ordinal))
     }
 
-    fn set_fraction(&self) -> bool {
+    pub(super) fn set_fraction(&self) -> bool {
         self.settings.memory_fraction.is_some() && self.capacity.is_some()
     }
 
-    fn allowed_memory_maximum(&self) -> u64 {
+    pub(super) fn allowed_memory_maximum(&self) -> u64 {
         match (self.settings.memory_fraction, self.capacity) {
             (Some(f), Some(c)) => (f * c as f64) as u64,
             _ => u64::MAX,
         }
     }
 
-    fn gc_on(&self) -> bool {
+    pub(super) fn gc_on(&self) -> bool {
         self.set_fraction() && self.settings.garbage_collection_threshold > 0.0
     }
 
@@ -455,13 +426,13 @@ impl Allocator {
         false
     }
 
-    fn unallocate(&mut self, b: u32) {
+    pub(super) fn unallocate(&mut self, b: u32) {
         let blk = &mut self.blocks[b as usize];
         blk.allocated = false;
         self.stats.allocated = self.stats.allocated.saturating_sub(blk.size);
     }
 
-    fn new_block(&mut self, b: Block) -> u32 {
+    pub(super) fn new_block(&mut self, b: Block) -> u32 {
         if let Some(i) = self.free_slots.pop() {
             self.blocks[i as usize] = b;
             i
@@ -471,7 +442,7 @@ impl Allocator {
         }
     }
 
-    fn block(&self, addr: u64, size: u64, stream: u32, small: bool, es: u32) -> Block {
+    pub(super) fn block(&self, addr: u64, size: u64, stream: u32, small: bool, es: u32) -> Block {
         Block {
             addr,
             size,
@@ -488,21 +459,21 @@ impl Allocator {
         }
     }
 
-    fn key(&self, b: u32) -> Key {
+    pub(super) fn key(&self, b: u32) -> Key {
         let blk = &self.blocks[b as usize];
         (blk.stream, blk.size, blk.addr, b)
     }
 
-    fn pool(&mut self, small: bool) -> &mut Pool {
+    pub(super) fn pool(&mut self, small: bool) -> &mut Pool {
         &mut self.pools[small as usize]
     }
 
-    fn is_split(&self, b: u32) -> bool {
+    pub(super) fn is_split(&self, b: u32) -> bool {
         let blk = &self.blocks[b as usize];
         blk.prev != NIL || blk.next != NIL
     }
 
-    fn insert_into_blocks(&mut self, b: u32) {
+    pub(super) fn insert_into_blocks(&mut self, b: u32) {
         let key = self.key(b);
         let small = self.blocks[b as usize].small;
         let pool = &mut self.pools[small as usize];
@@ -510,7 +481,7 @@ impl Allocator {
         pool.blocks.insert(key);
     }
 
-    fn record(&mut self, op: SegmentOp, addr: u64, size: u64, stream: u32) {
+    pub(super) fn record(&mut self, op: SegmentOp, addr: u64, size: u64, stream: u32) {
         if let Some(log) = &mut self.log {
             log.push(SegmentEvent {
                 op,
@@ -521,7 +492,7 @@ impl Allocator {
         }
     }
 
-    fn note_reserved(&mut self) {
+    pub(super) fn note_reserved(&mut self) {
         self.stats.peak_reserved = self.stats.peak_reserved.max(self.stats.reserved);
     }
 
@@ -529,7 +500,7 @@ impl Allocator {
     /// large, lowest address first; in expandable segments a block counts with the unmapped
     /// range after it; an oversize block serves only an oversize request, and only one less
     /// than `max_non_split_rounding` smaller.
-    fn get_free_block(&mut self, small: bool, stream: u32, size: u64) -> Option<u32> {
+    pub(super) fn get_free_block(&mut self, small: bool, stream: u32, size: u64) -> Option<u32> {
         let gc = self.gc_on();
         let expandable = self.settings.expandable_segments;
         let (max_split, rounding) = (
@@ -594,7 +565,7 @@ impl Allocator {
     /// Whether to split a block of which `size` is used (`should_split`): in the small pool
     /// and in expandable segments when at least 512 bytes remain; in the large pool when the
     /// request is below `max_split_size` and more than 1 MiB remains.
-    fn should_split(&self, b: u32, size: u64) -> bool {
+    pub(super) fn should_split(&self, b: u32, size: u64) -> bool {
         let blk = &self.blocks[b as usize];
         let remaining = blk.size - size;
         if blk.small || self.settings.expandable_segments {
@@ -606,7 +577,7 @@ impl Allocator {
 
     /// Hands out the front of block `b`, the rest cached as a block of its own when `split`
     /// (`alloc_found_block`).
-    fn alloc_found_block(&mut self, b: u32, size: u64, split: bool) -> Handle {
+    pub(super) fn alloc_found_block(&mut self, b: u32, size: u64, split: bool) -> Handle {
         let already_split = self.is_split(b);
         let blk = self.blocks[b as usize].clone();
         let mut out = b;
@@ -652,7 +623,7 @@ impl Allocator {
     }
 
     /// Caches a freed block, merged with its free neighbours (`free_block`).
-    fn free_block(&mut self, b: u32) {
+    pub(super) fn free_block(&mut self, b: u32) {
         let (prev, next) = (self.blocks[b as usize].prev, self.blocks[b as usize].next);
         let mut net_size: i64 = 0;
         for c in [prev, next] {
@@ -675,7 +646,7 @@ impl Allocator {
 
     /// Merges `src` into `dst` when `src` is a free neighbour in the same mapped state
     /// (`try_merge_blocks`); returns the bytes merged.
-    fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
+    pub(super) fn try_merge_blocks(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;
         }
@@ -705,403 +676,5 @@ impl Allocator {
         }
         self.free_slots.push(src);
         s.size
-    }
-
-    /// A device address for a new segment of `size` bytes: the next hint that overlaps no
-    /// segment held, else the bump allocator's.
-    fn device_address(&mut self, size: u64) -> u64 {
-        if let Some(h) = self.hints.pop_front() {
-            let below = self.segments.range(..h.saturating_add(size)).next_back();
-            let overlaps = below.is_some_and(|(&a, &(s, _))| a + s > h);
-            if !overlaps && h != 0 {
-                return h;
-            }
-        }
-        let addr = self.bump;
-        self.bump = self
-            .bump
-            .saturating_add(size.div_ceil(ROUND_LARGE).saturating_mul(ROUND_LARGE));
-        addr
-    }
-
-    /// A new segment from the device (`alloc_block`): refused past the memory fraction or
-    /// the capacity; in expandable mode, pages mapped instead.
-    fn alloc_block(&mut self, small: bool, stream: u32, size: u64, alloc_size: u64) -> Option<u32> {
-        if self.set_fraction()
-            && self.stats.reserved.saturating_add(alloc_size) > self.allowed_memory_maximum()
-        {
-            return None;
-        }
-        if self.settings.expandable_segments {
-            return self.try_allocate_expandable_block(small, stream, size);
-        }
-        if self
-            .capacity
-            .is_some_and(|c| self.stats.reserved.saturating_add(alloc_size) > c)
-        {
-            return None;
-        }
-        let addr = self.device_address(alloc_size);
-        self.segments.insert(addr, (alloc_size, self.next_ordinal));
-        self.next_ordinal += 1;
-        self.stats.reserved = self.stats.reserved.saturating_add(alloc_size);
-        self.stats.segments += 1;
-        self.stats.device_allocs += 1;
-        self.note_reserved();
-        self.record(SegmentOp::Alloc, addr, alloc_size, stream);
-        let b = self.block(addr, alloc_size, stream, small, NIL);
-        Some(self.new_block(b))
-    }
-
-    /// Frees one cached oversize block at least as large as the request (or
-    /// `max_split_size`), else the largest ones of the stream until that much is freed
-    /// (`release_available_cached_blocks`). Only with `max_split_size` set.
-    fn release_available_cached_blocks(&mut self, small: bool, stream: u32, size: u64) -> bool {
-        let max_split = self.settings.max_split_size;
-        if max_split == u64::MAX {
-            return false;
-        }
-        let want = size.max(max_split);
-        let pool = &self.pools[small as usize];
-        if let Some(&k) = pool.blocks.range((stream, want, 0, 0)..).next() {
-            if k.0 == stream {
-                if self.blocks[k.3 as usize].es != NIL {
-                    return false;
-                }
-                self.release_block(k.3);
-                return true;
-            }
-        }
-        let mut released = 0u64;
-        let mut to_release = Vec::new();
-        for k in pool.blocks.range(..(stream, want, 0, 0)).rev() {
-            if released >= want
-                || k.1 < max_split
-                || k.0 != stream
-                || self.blocks[k.3 as usize].es != NIL
-            {
-                break;
-            }
-            released += k.1;
-            to_release.push(k.3);
-        }
-        for b in to_release {
-            self.release_block(b);
-        }
-        released >= want
-    }
-
-    /// Waits for every stream (completing pending frees), then returns every unsplit cached
-    /// block to the device and unmaps every free page (`release_cached_blocks`).
-    fn release_cached_blocks(&mut self) {
-        for b in std::mem::take(&mut self.pending) {
-            let blk = &mut self.blocks[b as usize];
-            if blk.pending {
-                blk.pending = false;
-                let id = blk.id;
-                self.live.remove(&id);
-                self.free_block(b);
-            }
-        }
-        self.release_blocks(false);
-        self.release_blocks(true);
-    }
-
-    fn release_blocks(&mut self, small: bool) {
-        let keys: Vec<Key> = self.pool(small).blocks.iter().copied().collect();
-        let mut to_unmap = Vec::new();
-        for k in keys {
-            let b = k.3;
-            if self.blocks[b as usize].es != NIL {
-                to_unmap.push(b);
-            } else if !self.is_split(b) {
-                self.release_block(b);
-            }
-        }
-        for b in to_unmap {
-            self.unmap_block(b);
-            if !self.is_split(b) && !self.blocks[b as usize].mapped {
-                self.release_expandable_segment(b);
-            }
-        }
-    }
-
-    /// `cudaFree` of an unsplit cached block (`release_block`).
-    fn release_block(&mut self, b: u32) {
-        let key = self.key(b);
-        let blk = self.blocks[b as usize].clone();
-        self.record(SegmentOp::Free, blk.addr, blk.size, blk.stream);
-        self.stats.reserved = self.stats.reserved.saturating_sub(blk.size);
-        self.stats.segments -= 1;
-        self.stats.device_frees += 1;
-        self.segments.remove(&blk.addr);
-        self.pool(blk.small).blocks.remove(&key);
-        self.free_slots.push(b);
-    }
-
-    /// Frees the large pool's unsplit cached blocks cached longest, until the reserved bytes
-    /// are under the threshold (`garbage_collect_cached_blocks`): the blocks at least as old
-    /// as the average age go first, round after round.
-    fn garbage_collect_cached_blocks(&mut self) {
-        let threshold = (self.settings.garbage_collection_threshold
-            * self.allowed_memory_maximum() as f64) as u64;
-        if self.stats.reserved <= threshold {
-            return;
-        }
-        let target = self.stats.reserved - threshold;
-        let calls = self.pools[0].get_free_blocks_call_count;
-        let age = |a: &Allocator, b: u32| (calls - a.blocks[b as usize].gc_base).max(0) as u64;
-        let freeable = |a: &Allocator, b: u32| !a.is_split(b) && a.blocks[b as usize].es == NIL;
-        let mut total_age = 0u64;
-        let mut count = 0u64;
-        for k in &self.pools[0].blocks {
-            if freeable(self, k.3) {
-                total_age += age(self, k.3);
-                count += 1;
-            }
-        }
-        let mut reclaimed = 0u64;
-        let mut freed = true;
-        while reclaimed < target && freed && count > 0 {
-            let age_threshold = total_age as f64 / count as f64;
-            freed = false;
-            let keys: Vec<Key> = self.pools[0].blocks.iter().copied().collect();
-            for k in keys {
-                let b = k.3;
-                if freeable(self, b) && age(self, b) as f64 >= age_threshold {
-                    freed = true;
-                    reclaimed += k.1;
-                    total_age -= age(self, b);
-                    count -= 1;
-                    self.release_block(b);
-                }
-            }
-        }
-    }
-
-    // Expandable segments.
-
-    fn allocatable(&self, b: u32) -> bool {
-        b != NIL && {
-            let blk = &self.blocks[b as usize];
-            !blk.allocated && !blk.pending
-        }
-    }
-
-    /// The lowest-addressed free-or-unmapped run of the stream's expandable segments with
-    /// room for `size`, else a new segment (`find_expandable_block`).
-    fn find_expandable_block(&mut self, small: bool, stream: u32, size: u64) -> u32 {
-        let candidates: Vec<u32> = self.pools[small as usize]
-            .unmapped
-            .range((stream, 0, 0)..)
-            .take_while(|k| k.0 == stream)
-            .map(|k| k.2)
-            .collect();
-        for mut c in candidates {
-            let prev = self.blocks[c as usize].prev;
-            if self.allocatable(prev) {
-                c = prev;
-            }
-            let (mut bytes, mut b) = (0u64, c);
-            while bytes < size && self.allocatable(b) {
-                bytes += self.blocks[b as usize].size;
-                b = self.blocks[b as usize].next;
-            }
-            if bytes >= size {
-                return c;
-            }
-        }
-        let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
-        // Address space for 1 1/8 of the device's memory.
-        let space = self.capacity.map_or(1 << 40, |c| c + c / 8);
-        let pages = space.div_ceil(page).max(1);
-        let base = self.bump;
-        self.bump = self.bump.saturating_add(pages * page);
-        let es = self.expandables.len() as u32;
-        self.expandables.push(Some(Expandable {
-            base,
-            size: pages * page,
-            page,
-            mapped: Vec::new(),
-            ordinal: self.next_ordinal,
-        }));
-        self.next_ordinal += 1;
-        self.stats.segments += 1;
-        let mut blk = self.block(base, pages * page, stream, small, es);
-        blk.mapped = false;
-        let b = self.new_block(blk);
-        self.pools[small as usize]
-            .unmapped
-            .insert((stream, base, b));
-        b
-    }
-
-    /// Maps the pages under the first `size` bytes of unmapped block `b` (`map_block`).
-    fn map_block(&mut self, b: u32, size: u64) -> bool {
-        let blk = self.blocks[b as usize].clone();
-        let Some(es) = self.expandables[blk.es as usize].as_mut() else {
-            return false;
-        };
-        let begin = (blk.addr - es.base) / es.page;
-        let end = (blk.addr + size - es.base).div_ceil(es.page);
-        if begin == end {
-            return false;
-        }
-        let bytes = (end - begin) * es.page;
-        if self
-            .capacity
-            .is_some_and(|c| self.stats.reserved.saturating_add(bytes) > c)
-        {
-            return false;
-        }
-        if es.mapped.len() < end as usize {
-            es.mapped.resize(end as usize, false);
-        }
-        es.mapped[begin as usize..end as usize].fill(true);
-        let start = es.base + begin * es.page;
-        let pool = &mut self.pools[blk.small as usize];
-        pool.unmapped.remove(&(blk.stream, blk.addr, b));
-        self.blocks[b as usize].mapped = true;
-        if bytes < blk.size {
-            let mut rest = self.block(
-                blk.addr + bytes,
-                blk.size - bytes,
-                blk.stream,
-                blk.small,
-                blk.es,
-            );
-            rest.mapped = false;
-            rest.prev = b;
-            rest.next = blk.next;
-            let r = self.new_block(rest);
-            if blk.next != NIL {
-                self.blocks[blk.next as usize].prev = r;
-            }
-            self.blocks[b as usize].next = r;
-            self.blocks[b as usize].size = bytes;
-            self.pools[blk.small as usize]
-                .unmapped
-                .insert((blk.stream, blk.addr + bytes, r));
-        }
-        let prev = self.blocks[b as usize].prev;
-        self.try_merge_blocks(b, prev);
-        let next = self.blocks[b as usize].next;
-        self.try_merge_blocks(b, next);
-        self.insert_into_blocks(b);
-        self.stats.reserved = self.stats.reserved.saturating_add(bytes);
-        self.stats.device_allocs += 1;
-        self.note_reserved();
-        self.record(SegmentOp::Map, start, bytes, blk.stream);
-        true
-    }
-
-    /// A free block of `size` bytes in an expandable segment, mapping pages as needed
-    /// (`try_allocate_expandable_block`).
-    fn try_allocate_expandable_block(
-        &mut self,
-        small: bool,
-        stream: u32,
-        size: u64,
-    ) -> Option<u32> {
-        let mut c = self.find_expandable_block(small, stream, size);
-        let blk = &self.blocks[c as usize];
-        if !blk.mapped && !self.map_block(c, blk.size.min(size)) {
-            return None;
-        }
-        while self.blocks[c as usize].size < size {
-            let remaining = size - self.blocks[c as usize].size;
-            let next = self.blocks[c as usize].next;
-            if next == NIL {
-                return None;
-            }
-            let n = self.blocks[next as usize].size;
-            if !self.map_block(next, remaining.min(n)) {
-                return None;
-            }
-            c = next;
-        }
-        let key = self.key(c);
-        self.pool(small).blocks.remove(&key);
-        Some(c)
-    }
-
-    /// Unmaps the whole pages inside free block `b` of an expandable segment, the partial
-    /// pages at either end kept as free blocks (`unmap_block`).
-    fn unmap_block(&mut self, b: u32) {
-        let blk = self.blocks[b as usize].clone();
-        let Some(es) = self.expandables[blk.es as usize].as_ref() else {
-            return;
-        };
-        let (base, page) = (es.base, es.page);
-        let begin = (blk.addr - base).div_ceil(page);
-        let end = (blk.addr + blk.size - base) / page;
-        if begin >= end {
-            return;
-        }
-        let key = self.key(b);
-        self.pool(blk.small).blocks.remove(&key);
-        let start = base + begin * page;
-        let bytes = (end - begin) * page;
-        let before = start - blk.addr;
-        if before > 0 {
-            let mut f = self.block(blk.addr, before, blk.stream, blk.small, blk.es);
-            f.prev = blk.prev;
-            f.next = b;
-            let fb = self.new_block(f);
-            if blk.prev != NIL {
-                self.blocks[blk.prev as usize].next = fb;
-            }
-            self.blocks[b as usize].prev = fb;
-            self.insert_into_blocks(fb);
-        }
-        let after = blk.size - before - bytes;
-        if after > 0 {
-            let mut f = self.block(start + bytes, after, blk.stream, blk.small, blk.es);
-            f.prev = b;
-            f.next = blk.next;
-            let fa = self.new_block(f);
-            if blk.next != NIL {
-                self.blocks[blk.next as usize].prev = fa;
-            }
-            self.blocks[b as usize].next = fa;
-            self.insert_into_blocks(fa);
-        }
-        {
-            let m = &mut self.blocks[b as usize];
-            m.addr = start;
-            m.size = bytes;
-            m.mapped = false;
-        }
-        let prev = self.blocks[b as usize].prev;
-        self.try_merge_blocks(b, prev);
-        let next = self.blocks[b as usize].next;
-        self.try_merge_blocks(b, next);
-        let addr = self.blocks[b as usize].addr;
-        self.pools[blk.small as usize]
-            .unmapped
-            .insert((blk.stream, addr, b));
-        if let Some(es) = self.expandables[blk.es as usize].as_mut() {
-            let hi = (end as usize).min(es.mapped.len());
-            if (begin as usize) < hi {
-                es.mapped[begin as usize..hi].fill(false);
-            }
-            while es.mapped.last() == Some(&false) {
-                es.mapped.pop();
-            }
-        }
-        self.stats.reserved = self.stats.reserved.saturating_sub(bytes);
-        self.stats.device_frees += 1;
-        self.record(SegmentOp::Unmap, start, bytes, blk.stream);
-    }
-
-    /// Drops an expandable segment left wholly unmapped (`release_expandable_segment`).
-    fn release_expandable_segment(&mut self, b: u32) {
-        let blk = self.blocks[b as usize].clone();
-        self.pools[blk.small as usize]
-            .unmapped
-            .remove(&(blk.stream, blk.addr, b));
-        self.expandables[blk.es as usize] = None;
-        self.stats.segments -= 1;
-        self.free_slots.push(b);
     }
 }

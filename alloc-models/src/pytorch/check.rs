@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashSet;
 
 use super::allocator::{round_size, Allocator, SegmentOp};
-use super::replay::{Op, Replayer, Request};
 use super::settings::Settings;
 use super::{MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE};
+use crate::replay::{Op, Replayer, Request};
 
 /// A segment a snapshot held when it was taken (its `segments`), for a recording that did not
 /// begin with the allocator empty.
@@ -271,7 +271,7 @@ pub fn check(
     r.run(requests, false, served);
 
     let simulated: Vec<u64> = r
-        .alloc
+        .model
         .segment_log()
         .iter()
         .filter(|e| matches!(e.op, SegmentOp::Alloc | SegmentOp::Map))

@@ -1,16 +1,20 @@
 //! PyTorch's CUDA caching allocator, rule by rule, as of the PyTorch source named in
 //! `docs/whatif.md`. [`Settings`] are the allocator's options; [`Allocator`] is the device
 //! allocator (`DeviceCachingAllocator`) of one device; [`replay`] runs a run's requests
-//! through it; [`check`] compares its decisions with the ones a snapshot recorded.
+//! through it; [`check`] compares its decisions with the ones a snapshot recorded. The
+//! allocator's code is in three files: `allocator.rs` (blocks: best fit, split, merge, the
+//! malloc path), `segments.rs` (device memory: new segments, releases, garbage collection)
+//! and `expandable.rs` (expandable segments).
 
 mod allocator;
 pub mod check;
+mod expandable;
 pub mod replay;
+mod segments;
 mod settings;
 
-pub use allocator::{
-    get_allocation_size, round_size, Allocator, Handle, Oom, SegmentEvent, SegmentOp, Stats,
-};
+pub use crate::replay::{Oom, Stats};
+pub use allocator::{get_allocation_size, round_size, Allocator, Handle, SegmentEvent, SegmentOp};
 pub use settings::{Settings, SettingsError};
 
 /// Every size is rounded to at least 512 bytes (`kMinBlockSize`).

@@ -226,6 +226,33 @@ impl Settings {
         out
     }
 
+    /// These settings applied over `base`: the options these set (away from PyTorch's
+    /// defaults) replace `base`'s, the others keep `base`'s (an alternative to a run's
+    /// recorded settings changes what it names only).
+    pub fn over(&self, base: &Settings) -> Settings {
+        let d = Settings::default();
+        let mut s = base.clone();
+        if self.expandable_segments != d.expandable_segments {
+            s.expandable_segments = self.expandable_segments;
+        }
+        if self.max_split_size != d.max_split_size {
+            s.max_split_size = self.max_split_size;
+        }
+        if self.max_non_split_rounding != d.max_non_split_rounding {
+            s.max_non_split_rounding = self.max_non_split_rounding;
+        }
+        if self.roundup_power2_divisions != d.roundup_power2_divisions {
+            s.roundup_power2_divisions = self.roundup_power2_divisions;
+        }
+        if self.garbage_collection_threshold != d.garbage_collection_threshold {
+            s.garbage_collection_threshold = self.garbage_collection_threshold;
+        }
+        if self.memory_fraction.is_some() {
+            s.memory_fraction = self.memory_fraction;
+        }
+        s
+    }
+
     /// `key:value,...` of [`Settings::pairs`], or `default`.
     pub fn label(&self) -> String {
         let p = self.pairs();

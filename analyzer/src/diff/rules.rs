@@ -42,7 +42,7 @@ pub enum RuleProblem {
     #[error("the value is empty")]
     EmptyValue,
     #[error(
-        "unknown metric `{0}`: expected peak_used, peak_acquired (or acquired), allocations, device_allocations, out_of_memory, time, or function:NAME.FIGURE, link:NAME.FIGURE, line:STACK.FIGURE, epoch:N.FIGURE, category:NAME.FIGURE, module:PATH.FIGURE"
+        "unknown metric `{0}`: expected peak_used, peak_acquired (or acquired), allocations, device_allocations, out_of_memory, time, or function:NAME.FIGURE, link:NAME.FIGURE, line:STACK.FIGURE, epoch:N.FIGURE, category:NAME.FIGURE, module:PATH.FIGURE, whatif:DEVICE.FIGURE"
     )]
     UnknownMetric(String),
     #[error("`{metric}` has no figure: write {scope}:NAME.FIGURE, FIGURE one of {expected}")]

@@ -15,6 +15,7 @@ use poolsight_frames::FrameFilter;
 
 use super::{frames, LoadError, LoadOptions};
 use crate::read::{ReadError, Trace};
+use crate::whatif::Recorded;
 
 /// Why a resolver could not convert a file (its message names the file).
 pub type ConvertError = Box<dyn std::error::Error + Send + Sync>;
@@ -38,6 +39,10 @@ pub struct Converted {
     pub trace: PathBuf,
     /// What keeps that trace on disk (a temporary directory), dropped with the [`Input`].
     pub keep: Box<dyn Any + Send + Sync>,
+    /// What the file recorded of the allocator that made it (a PyTorch snapshot's
+    /// `allocator_settings` and `segments`), read in the same pass: a converted trace keeps
+    /// neither.
+    pub allocator: Recorded,
 }
 
 /// One file of a job, readable as a trace.
@@ -48,6 +53,9 @@ pub struct Input {
     pub trace: PathBuf,
     /// Which frames of its stacks to show (`None`: the trace's default).
     frames: Option<FrameFilter>,
+    /// What is known of the allocator that recorded it (PyTorch's defaults but for a
+    /// snapshot's own settings and segments): what `whatif` and `oom`'s model start from.
+    pub recorded: Recorded,
     /// What keeps a converted trace on disk.
     _converted: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -89,12 +97,12 @@ impl Inputs {
                 }
             }
         }
-        let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>)> = match opts.resolver {
+        let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>, Recorded)> = match opts.resolver {
             Some(r) if !foreign.is_empty() => r
                 .convert(&foreign, opts.frames.unwrap_or_default())
                 .map_err(LoadError::Convert)?
                 .into_iter()
-                .map(|c| (c.trace, Arc::from(c.keep)))
+                .map(|c| (c.trace, Arc::from(c.keep), c.allocator))
                 .collect(),
             _ => Vec::new(),
         };
@@ -109,6 +117,7 @@ impl Inputs {
                     named: p.to_path_buf(),
                     trace: c.map_or_else(|| p.to_path_buf(), |c| c.0.clone()),
                     frames: opts.frames,
+                    recorded: c.map(|c| c.2.clone()).unwrap_or_default(),
                     _converted: c.map(|c| Arc::clone(&c.1)),
                 }
             })
@@ -126,6 +135,15 @@ impl Inputs {
 
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// What is known of the allocator that recorded `trace`, one of these inputs' traces
+    /// (found by the name it was opened under): [`Input::recorded`].
+    pub fn recorded_of(&self, trace: &Trace) -> Recorded {
+        (self.items.iter())
+            .find(|i| i.named == trace.path)
+            .map(|i| i.recorded.clone())
+            .unwrap_or_default()
     }
 
     /// The trace files read, in order (a converted file's trace in its place).

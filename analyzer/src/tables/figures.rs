@@ -78,6 +78,7 @@ impl Section {
         super::each_table(|t| (!t.diff_keys().is_empty()).then(|| t.section()))
             .into_iter()
             .flatten()
+            .chain([crate::whatif::figures::SECTION])
             .collect()
     }
 
@@ -183,5 +184,10 @@ pub fn diff_keys() -> Vec<(Section, DiffKey)> {
     super::each_table(|t| t.diff_keys())
         .into_iter()
         .flatten()
+        .chain(
+            crate::whatif::figures::DIFF_KEYS
+                .iter()
+                .map(|k| (crate::whatif::figures::SECTION, *k)),
+        )
         .collect()
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use super::render::{aligned, humanized};
 use crate::read::Trace;
 use crate::replay::{OomState, PoolState};
+use crate::whatif::advice::ModelAdvice;
 
 /// A device's name in `traces` (`cuda:0`), or `device N`.
 pub fn device_name(traces: &[Trace], id: u32) -> String {
@@ -21,6 +22,34 @@ pub fn device_name(traces: &[Trace], id: u32) -> String {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Ooms {
     pub ooms: Vec<OomState>,
+}
+
+/// `oom --format json`: each state, with the model's replays where they were made (the model's
+/// findings are in the state's `advice` as well).
+#[derive(Debug, Serialize)]
+pub struct OomsJson<'a> {
+    pub ooms: Vec<OomJson<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OomJson<'a> {
+    #[serde(flatten)]
+    pub state: &'a OomState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<&'a ModelAdvice>,
+}
+
+/// The JSON of `ooms`, `models[i]` the model's replays at `ooms.ooms[i]`.
+pub fn json<'a>(ooms: &'a Ooms, models: &'a [Option<ModelAdvice>]) -> OomsJson<'a> {
+    OomsJson {
+        ooms: (ooms.ooms.iter())
+            .enumerate()
+            .map(|(i, state)| OomJson {
+                state,
+                whatif: models.get(i).and_then(Option::as_ref),
+            })
+            .collect(),
+    }
 }
 
 fn pct(part: u64, whole: u64) -> String {

@@ -71,7 +71,10 @@ pub fn read(
 ) -> Result<Events, ImportError> {
     let mut tables = Tables::default();
     let parsed = pickle::parse(data, &KNOWN, &mut tables, progress)?;
-    convert(&parsed, tables, filter)
+    let allocator = crate::settings::state_of(&parsed.store, parsed.root);
+    let mut events = convert(&parsed, tables, filter)?;
+    events.allocator = Some(allocator);
+    Ok(events)
 }
 
 /// The snapshot's events, from its pickle as read.

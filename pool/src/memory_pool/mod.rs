@@ -14,10 +14,12 @@
 //! - calls the [`crate::hooks`] around every step, in CuPy's order, which is what the recorder
 //!   and the profilers observe.
 //!
+//! The policy (rounding, bins, best fit, split and merge, arenas) is CuPy's model in
+//! `poolsight-alloc-models` (`cupy::State`), the same code `poolsight whatif --allocator cupy`
+//! replays a run through; this module adds the device, the limit, the hooks and the lock.
+//!
 //! Rust-specific choices: memory is handed out as an RAII [`PooledMemory`] that returns itself
 //! to the pool on drop; `malloc` is `#[track_caller]` so hooks learn the call site for free.
-
-mod arena;
 
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,19 +31,9 @@ use crate::hooks::{
     OutOfMemory, Release,
 };
 use crate::trace_hook::TraceHook;
-use arena::{State, NONE};
+pub use poolsight_alloc_models::cupy::{round_size, ALLOCATION_UNIT_SIZE};
+use poolsight_alloc_models::cupy::{State, NONE};
 use poolsight_recorder::writer::now_ticks;
-
-/// The rounding unit of every request, CuPy's `ALLOCATION_UNIT_SIZE`. Also keeps every chunk
-/// aligned as well as a fresh device allocation.
-pub const ALLOCATION_UNIT_SIZE: u64 = 512;
-
-/// `size` rounded up to a multiple of [`ALLOCATION_UNIT_SIZE`] (0 stays 0), as the pool will
-/// account it; `None` if that does not fit in a `u64`.
-#[inline]
-pub fn round_size(size: u64) -> Option<u64> {
-    Some(size.checked_add(ALLOCATION_UNIT_SIZE - 1)? / ALLOCATION_UNIT_SIZE * ALLOCATION_UNIT_SIZE)
-}
 
 /// Why the pool could not serve a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,6 +1,9 @@
-//! The pool's bookkeeping: chunks of device allocations, and per-stream arenas of free chunks.
+//! CuPy's pool policy (`SingleDeviceMemoryPool`'s bookkeeping): chunks of device allocations,
+//! and per-stream arenas of free chunks, best fit over bins of sizes. The pool that serves real
+//! memory (`poolsight-pool`) keeps one [`State`] behind its lock; the replay of a run through
+//! CuPy's pool ([`super::model`]) keeps one too.
 //!
-//! Kept apart from the public pool so that the invariants live in one small place:
+//! The invariants live in this one small place:
 //! - a chunk is a byte range of one device allocation; the chunks of an allocation are a
 //!   doubly linked list in address order (`prev`/`next`), all in the same arena;
 //! - a chunk is either handed out (owned by one `PooledMemory`) or free (in its arena's bins);
@@ -10,22 +13,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// "No chunk", for `prev`/`next`.
-pub(crate) const NONE: u32 = u32::MAX;
+pub const NONE: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Chunk {
-    pub(crate) ptr: u64,
-    pub(crate) size: u64,
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
+pub struct Chunk {
+    pub ptr: u64,
+    pub size: u64,
+    pub prev: u32,
+    pub next: u32,
     /// Index of the arena (stable: arenas are never removed).
-    pub(crate) arena: u32,
+    pub arena: u32,
     /// In the arena's bins (as opposed to handed out).
-    pub(crate) free: bool,
+    pub free: bool,
     /// Position in its bin while free; makes removal for merging O(1).
     pub(crate) bin_pos: u32,
     /// Whether the slot holds a chunk (slots are recycled).
-    pub(crate) live: bool,
+    pub live: bool,
 }
 
 /// Sizes up to this many allocation units (1 MiB) have a directly indexed bin; larger ones
@@ -214,17 +217,17 @@ impl Arena {
 
 /// Everything behind the pool's lock.
 #[derive(Debug, Default)]
-pub(crate) struct State {
-    pub(crate) chunks: Vec<Chunk>,
+pub struct State {
+    chunks: Vec<Chunk>,
     vacant: Vec<u32>,
-    pub(crate) arenas: Vec<Arena>,
+    arenas: Vec<Arena>,
 }
 
 impl State {
     /// Index of the arena of `stream`, created on first use. Streams are few, so a linear scan
     /// beats hashing, and stream 0 (the common case) is usually first.
     #[inline]
-    pub(crate) fn arena_index(&mut self, stream: u32) -> u32 {
+    pub fn arena_index(&mut self, stream: u32) -> u32 {
         if let Some(i) = self.arenas.iter().position(|a| a.stream == stream) {
             return i as u32;
         }
@@ -245,13 +248,21 @@ impl State {
         }
     }
 
+    /// The chunk in slot `idx` (as [`State::take_best_fit`] and [`State::add_allocation`]
+    /// name them).
+    #[inline]
+    pub fn chunk(&self, idx: u32) -> &Chunk {
+        &self.chunks[idx as usize]
+    }
+
     fn release_slot(&mut self, idx: u32) {
         self.chunks[idx as usize].live = false;
         self.vacant.push(idx);
     }
 
     /// Registers a fresh device allocation as one handed-out chunk.
-    pub(crate) fn add_allocation(&mut self, ptr: u64, size: u64, arena: u32) -> u32 {
+    #[inline]
+    pub fn add_allocation(&mut self, ptr: u64, size: u64, arena: u32) -> u32 {
         self.new_slot(Chunk {
             ptr,
             size,
@@ -267,7 +278,7 @@ impl State {
     /// Best fit: takes the smallest free chunk of at least `size` bytes from the arena, splits
     /// off the rest (which stays free, unmerged, as in CuPy) and returns the chunk and address.
     #[inline]
-    pub(crate) fn take_best_fit(&mut self, arena: u32, size: u64) -> Option<(u32, u64)> {
+    pub fn take_best_fit(&mut self, arena: u32, size: u64) -> Option<(u32, u64)> {
         let a = &mut self.arenas[arena as usize];
         let bin_size = a.best_fit(size)?;
         let idx = *a.bin_mut(bin_size).last()?;
@@ -296,7 +307,8 @@ impl State {
     }
 
     /// Returns a handed-out chunk to its arena, merged with free neighbours.
-    pub(crate) fn give_back(&mut self, mut idx: u32) {
+    #[inline]
+    pub fn give_back(&mut self, mut idx: u32) {
         let arena = self.chunks[idx as usize].arena as usize;
         loop {
             let next = self.chunks[idx as usize].next;
@@ -335,7 +347,7 @@ impl State {
     /// Removes every free chunk that is a whole device allocation from the arenas selected by
     /// `stream` (all when `None`), appending `(ptr, size)` to `out` and `(stream, bytes)` per
     /// arena to `per_arena`. Split chunks stay: part of their allocation is still in use.
-    pub(crate) fn drain_unsplit(
+    pub fn drain_unsplit(
         &mut self,
         stream: Option<u32>,
         out: &mut Vec<(u64, u64)>,
@@ -357,12 +369,12 @@ impl State {
         }
     }
 
-    pub(crate) fn n_free_blocks(&self) -> usize {
+    pub fn n_free_blocks(&self) -> usize {
         self.arenas.iter().map(|a| a.n_free).sum()
     }
 
     /// Every device allocation as `(ptr, size)`, for returning them all when the pool dies.
-    pub(crate) fn allocations(&self) -> Vec<(u64, u64)> {
+    pub fn allocations(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         for c in self.chunks.iter().filter(|c| c.live && c.prev == NONE) {
             let mut size = c.size;
