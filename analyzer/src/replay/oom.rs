@@ -385,6 +385,9 @@ fn human(b: u64) -> String {
 }
 
 /// Which allocator setting would plausibly help, and why, from the figures alone.
+/// The smallest `max_split_size_mb` PyTorch accepts, in bytes.
+const MIN_MAX_SPLIT: u64 = 20 << 20;
+
 fn advice(s: &OomState) -> Vec<String> {
     let mut out = Vec::new();
     let Some(req) = s.rounded_bytes else {
@@ -443,15 +446,17 @@ fn advice(s: &OomState) -> Vec<String> {
         ));
     }
     let split: u64 = same.iter().map(|p| p.inactive_split_bytes).sum();
-    if pool == "large" && split >= req {
+    // PyTorch refuses max_split_size_mb below 20: below that size no setting keeps a block of
+    // the request's size whole.
+    if pool == "large" && split >= req && req >= MIN_MAX_SPLIT {
         out.push(format!(
             "{} sits in inactive split blocks of large segments: max_split_size_mb (set to about \
              {} or less) stops the allocator from splitting blocks larger than that, so large \
              free blocks stay whole for large requests (`poolsight whatif --setting \
              max_split_size_mb:{}` replays the run to check)",
             human(split),
-            (req >> 20).max(1),
-            (req >> 20).max(1)
+            req >> 20,
+            req >> 20
         ));
     }
     if free_elsewhere >= req {
@@ -521,7 +526,15 @@ mod tests {
         // Enough free in pieces: fragmentation, expandable segments.
         let a = advice(&state(vec![large(9 * m, 3 * m, 9 * m, 0)], 6 * m, 0));
         assert!(a.iter().any(|s| s.contains("expandable_segments")), "{a:?}");
-        assert!(a.iter().any(|s| s.contains("max_split_size_mb")), "{a:?}");
+        // A 6 MiB request: no max_split_size_mb PyTorch accepts (20 and up) keeps such a
+        // block whole; a 24 MiB one: max_split_size_mb:24.
+        assert!(!a.iter().any(|s| s.contains("max_split_size_mb")), "{a:?}");
+        let a = advice(&state(vec![large(90 * m, 12 * m, 90 * m, 0)], 24 * m, 0));
+        assert!(
+            a.iter()
+                .any(|s| s.contains("--setting max_split_size_mb:24`")),
+            "{a:?}"
+        );
         // Free on another stream only.
         let a = advice(&state(
             vec![large(0, 0, 0, 0), large(9 * m, 9 * m, 0, 1)],
