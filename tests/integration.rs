@@ -20,6 +20,8 @@ mod crafted;
 mod device_peaks;
 #[path = "integration/diff.rs"]
 mod diff;
+#[path = "integration/docs_map.rs"]
+mod docs_map;
 #[path = "integration/drills.rs"]
 mod drills;
 #[path = "integration/export.rs"]

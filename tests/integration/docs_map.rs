@@ -1,0 +1,121 @@
+//! `docs/architecture.md` names files and folders; each must exist, so that the map a newcomer
+//! reads is the code's. A path with a `/` exists from the repository's root or as the end of
+//! a path in it (the folder table names files under the folder of their row); a bare file name
+//! is some file's name.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every file and folder of the repository, relative to its root, with `/` between parts
+/// (build outputs, environments and version control left out).
+fn tree() -> Vec<String> {
+    let skip = [
+        "target",
+        ".git",
+        ".venv",
+        ".venv-chainer",
+        "node_modules",
+        ".cache",
+    ];
+    let mut out = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(root().join(&rel)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if skip.contains(&name.as_str()) || name.starts_with("target-") {
+                continue;
+            }
+            let path = rel.join(&name);
+            let shown = path.to_string_lossy().replace('\\', "/");
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.push(format!("{shown}/"));
+                todo.push(path);
+            } else {
+                out.push(shown);
+            }
+        }
+    }
+    out
+}
+
+/// The code spans of `text` that name a file or a folder: a file name with an extension of
+/// the repository's sources, or a folder (ending in `/`), placeholders (`<name>`) left out.
+fn named_paths(text: &str) -> Vec<String> {
+    const EXTS: [&str; 12] = [
+        ".rs", ".py", ".md", ".sh", ".js", ".css", ".cpp", ".fbs", ".toml", ".h", ".c", ".txt",
+    ];
+    let mut out = Vec::new();
+    for (i, span) in text.split('`').enumerate() {
+        if i % 2 == 0 || span.contains(['<', '*', ' ', ':']) || span.is_empty() {
+            continue;
+        }
+        let file = EXTS.iter().any(|e| span.ends_with(e));
+        let folder = span.ends_with('/') && span.len() > 1;
+        if (file || folder)
+            && span
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c))
+        {
+            out.push(span.to_owned());
+        }
+    }
+    out
+}
+
+/// The paths of `named` that `tree` (as [`tree`] lists it) does not hold.
+fn missing(named: &[String], tree: &[String]) -> Vec<String> {
+    let names: HashSet<&str> = tree
+        .iter()
+        .map(|p| p.trim_end_matches('/').rsplit('/').next().unwrap_or(p))
+        .collect();
+    named
+        .iter()
+        .filter(|n| {
+            let bare = n.trim_end_matches('/');
+            if !bare.contains('/') {
+                return !names.contains(bare);
+            }
+            let n = n.trim_start_matches("./");
+            !tree
+                .iter()
+                .any(|p| p == n || p.ends_with(&format!("/{n}")) || p == &format!("{n}/"))
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_path_the_architecture_page_names_exists() {
+    let text = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the page");
+    let named = named_paths(&text);
+    assert!(named.len() > 100, "the page names {} paths", named.len());
+    let missing = missing(&named, &tree());
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names paths that do not exist: {missing:?}"
+    );
+}
+
+#[test]
+fn a_path_that_is_gone_is_caught() {
+    let tree: Vec<String> = [
+        "analyzer/",
+        "analyzer/src/",
+        "analyzer/src/load/",
+        "analyzer/src/load/job.rs",
+    ]
+    .map(String::from)
+    .to_vec();
+    let named = named_paths(
+        "`analyzer/src/load/` `load/job.rs` `job.rs` `read/load.rs` `scope.rs` `Trace::open` `<name>.rs`",
+    );
+    assert_eq!(named.len(), 5, "{named:?}");
+    assert_eq!(missing(&named, &tree), ["read/load.rs", "scope.rs"]);
+}
