@@ -453,11 +453,12 @@ def whatif(
     of PyTorch's caching allocator under their recorded settings and ``settings`` (each a
     ``PYTORCH_CUDA_ALLOC_CONF`` string; a few sensible ones when empty), or through CuPy's pool
     (``allocator="cupy"``), on ``capacity`` bytes (an int, or ``"16GiB"``; default: what the
-    file says), their stacks as ``--frames`` says (``None``: each file's default). Returns what ``poolsight whatif --format json`` prints: one report's dict
-    (``allocator``, ``capacity_bytes``, ``runs`` with ``reserved_peak_bytes``, ``fits``,
-    ``first_failure``, ``min_capacity_bytes``...), a list of them for several files or devices,
-    or with ``check=True`` ``{"checks": [...]}``. Raises :class:`ValueError` for a bad
-    argument, :class:`PoolsightError` for a file that cannot be read."""
+    file says), their stacks as ``--frames`` says (``None``: each file's default). Returns what
+    ``poolsight whatif --format json`` prints: one report's dict (``allocator``,
+    ``capacity_bytes``, ``runs`` with ``reserved_peak_bytes``, ``fits``, ``first_failure``,
+    ``min_capacity_bytes``...), a list of them for several files or devices, or with
+    ``check=True`` ``{"checks": [...]}``. Raises :class:`ValueError` for a bad argument,
+    :class:`PoolsightError` for a file that cannot be read."""
     if not paths:
         raise TypeError("whatif() needs at least one trace or snapshot path")
     if isinstance(settings, str):

@@ -49,7 +49,23 @@ def test_cpp_observer_floor_runs_or_says_why_not():
     assert re.search(r"saw [\d,]+ operator calls", out), out
 
 
-@pytest.mark.parametrize("script", ["torch_overhead.py", "cpp_observer_floor.py"])
+def test_torch_per_op_prints_microseconds_per_operator_for_each_variant():
+    out = run(
+        "torch_per_op.py",
+        *("--repeats", "1", "--steps", "2", "--layers", "2"),
+        *("--only", "track+hook (native)", "track+hook (python)"),
+    )
+    for variant in ("plain", "track+hook (native)", "track+hook (python)"):
+        # CPU seconds, the ratio, the microseconds per operator over the plain run.
+        assert re.search(rf"^{re.escape(variant)}{RATIO * 2}\s+[+-]\d+\.\d+$", out, re.M), out
+    assert re.search(r"^plain\s+\d+\.\d+\s+1\.00\s+\+0\.00$", out, re.M), out
+    ops = int(re.search(r"([\d,]+) operators", out).group(1).replace(",", ""))
+    assert ops > 2 * 2 * 4, out
+
+
+@pytest.mark.parametrize(
+    "script", ["torch_overhead.py", "cpp_observer_floor.py", "torch_per_op.py"]
+)
 def test_a_count_below_one_is_a_usage_error(script):
     proc = subprocess.run(
         [sys.executable, str(BENCHMARKS / script), "--steps", "0"],
