@@ -2,8 +2,8 @@
 //! the rules checked against every row.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
 
+use rustc_hash::FxHashMap;
 use serde::{Serialize, Serializer};
 
 use super::rules::{Rule, Threshold};
@@ -97,14 +97,16 @@ pub(super) fn median(values: &mut [i64]) -> i64 {
 }
 
 fn side(runs: &[Figures], key: &str) -> Option<i64> {
-    if !runs.iter().any(|r| r.by_key.contains_key(key)) {
-        return None;
-    }
+    let mut any = false;
     let mut v: Vec<i64> = runs
         .iter()
-        .map(|r| r.by_key.get(key).map_or(0, |f| f.value))
+        .map(|r| {
+            let f = r.by_key.get(key);
+            any |= f.is_some();
+            f.map_or(0, |f| f.value)
+        })
         .collect();
-    Some(median(&mut v))
+    any.then(|| median(&mut v))
 }
 
 pub(super) fn percent(base: i64, new: i64) -> Option<f64> {
@@ -141,7 +143,9 @@ fn display_order(a: &Row, b: &Row) -> Ordering {
 
 /// Compares the runs of two sides and checks the rules against every row, shown or not.
 pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
-    let mut kinds: HashMap<&str, Figure> = HashMap::new();
+    let most = base.iter().chain(new).map(|r| r.by_key.len()).max();
+    let mut kinds: FxHashMap<&str, Figure> =
+        FxHashMap::with_capacity_and_hasher(most.unwrap_or(0), Default::default());
     for run in base.iter().chain(new) {
         for (k, f) in &run.by_key {
             kinds.entry(k.as_str()).or_insert(*f);
@@ -163,7 +167,8 @@ pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
             }
         })
         .collect();
-    rows.sort_by(display_order);
+    // Keys are unique, so the order is total: an unstable sort gives the one order.
+    rows.sort_unstable_by(display_order);
 
     let mut violations = Vec::new();
     let mut unmatched_rules = Vec::new();

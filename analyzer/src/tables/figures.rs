@@ -2,9 +2,9 @@
 //! key (the keys are listed in the documentation of `diff`). Each table says which keys it
 //! gives ([`super::Table::FIGURES`]) and fills them in ([`super::Table::figures`]).
 
-use std::collections::HashMap;
 use std::fmt;
 
+use rustc_hash::FxHashMap;
 use serde::{Serialize, Serializer};
 
 use super::Table;
@@ -86,8 +86,11 @@ impl Section {
         self.0
     }
 
+    /// Its place in [`Section::all`] (the list is made once: `diff` sorts hundreds of
+    /// thousands of rows by it).
     fn rank(self) -> usize {
-        Section::all()
+        static ALL: std::sync::OnceLock<Vec<Section>> = std::sync::OnceLock::new();
+        ALL.get_or_init(Section::all)
             .iter()
             .position(|s| *s == self)
             .unwrap_or(usize::MAX)
@@ -131,7 +134,8 @@ pub struct Figure {
 /// Every figure of one run, by key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Figures {
-    pub by_key: HashMap<String, Figure>,
+    /// Keys can be long (a `lines` key is its node's whole path): a fast hash, not SipHash.
+    pub by_key: FxHashMap<String, Figure>,
 }
 
 impl Figures {

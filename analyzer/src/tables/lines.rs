@@ -340,6 +340,7 @@ impl Table for Lines {
     /// rows, as in the tree the `lines` report prints.
     fn figures(&self, out: &mut Figures) {
         let flat = self.flat();
+        out.by_key.reserve(3 * flat.len());
         for (f, path) in flat.iter().zip(Lines::paths(&flat)) {
             out.scoped::<Self>("line", &path, "used", signed(f.node.used_bytes));
             out.scoped::<Self>("line", &path, "acquired", signed(f.node.acquired_bytes));

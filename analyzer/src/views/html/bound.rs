@@ -16,7 +16,7 @@
 
 use serde::Serialize;
 
-use super::data::TreeData;
+use super::data::{DiffTree, TreeData};
 use crate::tables::{Cell, HtmlTable};
 
 /// Flamegraph nodes a page keeps: a screen is a few thousand pixels wide.
@@ -42,29 +42,74 @@ impl Elided {
 
 /// `t` with at most `max` nodes (see the module documentation), and how many were folded.
 pub fn tree(t: TreeData, max: usize) -> (TreeData, usize) {
-    let (n, max) = (t.parent.len(), max.max(1));
-    if n <= max {
+    let n = t.parent.len();
+    if n <= max.max(1) {
         return (t, 0);
     }
-    let metrics = [&t.used, &t.acquired, &t.peak, &t.time];
-    // Each node's amounts with its callees' (parents come before children).
-    let mut incl: Vec<[u64; 4]> = (0..n)
-        .map(|i| metrics.map(|m| m.get(i).copied().unwrap_or(0)))
+    let keep = kept(&t.parent, &[&t], max);
+    let (parent, frame, mut sides) = fold(&t.parent, &t.frame, &keep, &[&t]);
+    let mut out = sides.pop().unwrap_or_default();
+    out.parent = parent;
+    out.frame = frame;
+    let folded = n - out.parent.len();
+    (out, folded)
+}
+
+/// A diff's tree with at most `max` nodes, as [`tree`] bounds one: a node is kept by its
+/// widest share on either side, and both sides' amounts of a node left out go to its nearest
+/// kept caller (each side's totals stay exact).
+pub fn diff_tree(d: DiffTree, max: usize) -> (DiffTree, usize) {
+    let n = d.parent.len();
+    if n <= max.max(1) {
+        return (d, 0);
+    }
+    let keep = kept(&d.parent, &[&d.base, &d.new], max);
+    let (parent, frame, mut sides) = fold(&d.parent, &d.frame, &keep, &[&d.base, &d.new]);
+    let new = sides.pop().unwrap_or_default();
+    let base = sides.pop().unwrap_or_default();
+    let folded = n - parent.len();
+    (
+        DiffTree {
+            parent,
+            frame,
+            base,
+            new,
+            folded: d.folded + folded,
+        },
+        folded,
+    )
+}
+
+/// Which nodes of a tree (`parent`: each node's, parents before children) a bound keeps: the
+/// root and the `max - 1` nodes of largest share of the root on any metric of any side.
+fn kept(parent: &[u32], sides: &[&TreeData], max: usize) -> Vec<bool> {
+    let (n, max) = (parent.len(), max.max(1));
+    // Each node's amounts with its callees', every metric of every side.
+    let mut incl: Vec<Vec<u64>> = (0..n)
+        .map(|i| {
+            sides
+                .iter()
+                .flat_map(|t| [&t.used, &t.acquired, &t.peak, &t.time])
+                .map(|m| m.get(i).copied().unwrap_or(0))
+                .collect()
+        })
         .collect();
     for i in (1..n).rev() {
-        let p = t.parent[i] as usize;
+        let p = parent[i] as usize;
         if p < i {
-            let child = incl[i];
-            for (a, b) in incl[p].iter_mut().zip(child) {
-                *a = a.saturating_add(b);
+            let child = std::mem::take(&mut incl[i]);
+            for (a, b) in incl[p].iter_mut().zip(&child) {
+                *a = a.saturating_add(*b);
             }
+            incl[i] = child;
         }
     }
-    let root = incl[0];
+    let root = incl[0].clone();
     let share = |i: usize| -> f64 {
-        (0..4)
-            .filter(|&m| root[m] > 0)
-            .map(|m| incl[i][m] as f64 / root[m] as f64)
+        root.iter()
+            .zip(&incl[i])
+            .filter(|(r, _)| **r > 0)
+            .map(|(r, v)| *v as f64 / *r as f64)
             .fold(0.0, f64::max)
     };
     let shares: Vec<f64> = (0..n).map(share).collect();
@@ -76,32 +121,48 @@ pub fn tree(t: TreeData, max: usize) -> (TreeData, usize) {
     for &i in order.iter().take(max - 1) {
         keep[i] = true;
     }
-    // Each node's nearest kept node (itself, or a caller) and its new index.
+    keep
+}
+
+/// The kept nodes' parents and frames (renumbered), and each side's amounts with every node
+/// left out counted in its nearest kept caller.
+fn fold(
+    parent: &[u32],
+    frame: &[u32],
+    keep: &[bool],
+    sides: &[&TreeData],
+) -> (Vec<u32>, Vec<u32>, Vec<TreeData>) {
+    let n = parent.len();
+    let (mut out_parent, mut out_frame) = (Vec::new(), Vec::new());
+    let mut out: Vec<TreeData> = vec![TreeData::default(); sides.len()];
     let mut into = vec![0usize; n];
     let mut index = vec![u32::MAX; n];
-    let mut out = TreeData::default();
     for i in 0..n {
-        let p = t.parent[i] as usize;
+        let p = parent[i] as usize;
         if keep[i] && (i == 0 || (p < i && keep[p])) {
-            index[i] = out.parent.len() as u32;
-            out.parent.push(if i == 0 { 0 } else { index[p] });
-            out.frame.push(t.frame[i]);
-            out.used.push(0);
-            out.acquired.push(0);
-            out.peak.push(0);
-            out.time.push(0);
+            index[i] = out_parent.len() as u32;
+            out_parent.push(if i == 0 { 0 } else { index[p] });
+            out_frame.push(frame[i]);
+            for o in &mut out {
+                o.used.push(0);
+                o.acquired.push(0);
+                o.peak.push(0);
+                o.time.push(0);
+            }
             into[i] = i;
         } else {
             into[i] = if p < i { into[p] } else { 0 };
         }
         let k = index[into[i]] as usize;
-        out.used[k] = out.used[k].saturating_add(t.used[i]);
-        out.acquired[k] = out.acquired[k].saturating_add(t.acquired[i]);
-        out.peak[k] = out.peak[k].saturating_add(t.peak[i]);
-        out.time[k] = out.time[k].saturating_add(t.time[i]);
+        for (o, t) in out.iter_mut().zip(sides) {
+            let at = |v: &Vec<u64>| v.get(i).copied().unwrap_or(0);
+            o.used[k] = o.used[k].saturating_add(at(&t.used));
+            o.acquired[k] = o.acquired[k].saturating_add(at(&t.acquired));
+            o.peak[k] = o.peak[k].saturating_add(at(&t.peak));
+            o.time[k] = o.time[k].saturating_add(at(&t.time));
+        }
     }
-    let folded = n - out.parent.len();
-    (out, folded)
+    (out_parent, out_frame, out)
 }
 
 /// `t` with at most `max` rows (see the module documentation), and how many were left out.
@@ -187,6 +248,44 @@ mod tests {
         assert_eq!(b.used[at], 1000 + 1);
         // Every kept node's parent is kept and comes before it.
         assert!(b.parent.iter().enumerate().all(|(i, &p)| (p as usize) <= i));
+    }
+
+    #[test]
+    fn a_large_diff_keeps_the_widest_nodes_of_either_side_and_both_totals() {
+        // The base's widest children are the new run's narrowest: a bound by one side alone
+        // would drop what the other side spent.
+        let base = wide(1000);
+        let mut new = wide(1000);
+        for v in [
+            &mut new.used,
+            &mut new.acquired,
+            &mut new.peak,
+            &mut new.time,
+        ] {
+            let n = v.len();
+            for i in 0..500 {
+                let (a, b) = (1 + 2 * i, n - 2 - 2 * i);
+                v.swap(a, b);
+            }
+        }
+        let d = DiffTree {
+            parent: base.parent.clone(),
+            frame: base.frame.clone(),
+            base: base.clone(),
+            new: new.clone(),
+            folded: 0,
+        };
+        let (b, folded) = diff_tree(d, 101);
+        assert_eq!((b.parent.len(), folded, b.folded), (101, 1900, 1900));
+        for (side, t) in [(&b.base, &base), (&b.new, &new)] {
+            assert_eq!(side.used.len(), 101);
+            assert_eq!(total(&side.used), total(&t.used));
+            assert_eq!(total(&side.time), total(&t.time));
+        }
+        // Frame 999 is the base's widest, frame 0 the new run's widest.
+        let kept: Vec<u32> = b.frame[1..].to_vec();
+        assert!(kept.contains(&999) && kept.contains(&0), "{kept:?}");
+        assert!(!kept.contains(&500), "{kept:?}");
     }
 
     #[test]

@@ -117,6 +117,8 @@ pub struct DiffTree {
     pub frame: Vec<u32>,
     pub base: TreeData,
     pub new: TreeData,
+    /// Calling contexts folded into their callers to bound the page ([`super::bound`]).
+    pub folded: usize,
 }
 
 #[derive(Default)]
@@ -131,13 +133,16 @@ impl Frames {
     }
 
     fn of(&mut self, frame: &Frame) -> u32 {
-        let label = frame_display(frame);
-        if let Some(&i) = self.index.get(&label) {
+        self.intern(&frame_display(frame))
+    }
+
+    fn intern(&mut self, label: &str) -> u32 {
+        if let Some(&i) = self.index.get(label) {
             return i;
         }
         let i = self.labels.len() as u32;
-        self.labels.push(label.clone());
-        self.index.insert(label, i);
+        self.labels.push(label.to_string());
+        self.index.insert(label.to_string(), i);
         i
     }
 }
@@ -186,7 +191,13 @@ pub fn diff(title: &str, base: &Part, new: &Part) -> ReportData {
         view(&mut frames, &base.name, vec![0], base.profile),
         view(&mut frames, &new.name, vec![1], new.profile),
     ];
-    let diff = diff_tree(&mut frames, &base.profile.tree, &new.profile.tree);
+    // Merged and bounded with frames of its own, so that the page names only the frames kept.
+    let mut own = Frames::default();
+    let merged = diff_tree(&mut own, &base.profile.tree, &new.profile.tree);
+    let (mut diff, _) = bound::diff_tree(merged, bound::MAX_TREE_NODES);
+    for f in diff.frame.iter_mut().skip(1) {
+        *f = frames.intern(&own.labels[*f as usize]);
+    }
     ReportData {
         title: title.to_string(),
         frames: frames.labels,

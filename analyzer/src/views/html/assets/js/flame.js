@@ -126,10 +126,11 @@ function renderFlame() {
     $("flame-title").textContent = "Flamegraph: " + what;
   }
   // A large tree keeps the frames a screen can show; the rest is counted in their callers.
-  const folded = data.diff ? 0 : ((view().elided || {}).tree_nodes || 0);
+  const folded = data.diff ? (data.diff.folded || 0) : ((view().elided || {}).tree_nodes || 0);
   $("flame-note").hidden = !folded;
   $("flame-note").textContent = folded ? fmtCount(folded) + " calling contexts too narrow to draw are " +
-    "counted in their callers; `poolsight flamegraph` draws them all." : "";
+    "counted in their callers; `poolsight " + (data.diff ? "diff --flamegraph" : "flamegraph") +
+    "` draws them all." : "";
   mainFlame = Flame($("flame"), root, {
     color, tip, search: true, empty: "Nothing of this metric in the trace.",
     onSearch: (matched, total) => {
