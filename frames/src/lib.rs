@@ -342,9 +342,47 @@ pub enum FrameRole {
     Drop,
 }
 
+/// The profiler's name of a C function called from Python without the address of the object
+/// it is bound to, which differs from run to run (so that the same line of two runs is one
+/// `diff` key): `<built-in method dropout of type object at 0x7f…>` → `<built-in method
+/// dropout>`, `<built-in method contiguous of Tensor object at 0x7f…>` → `<built-in method
+/// Tensor.contiguous>`; `<built-in function linear>` as it is. None for any other name.
+pub fn builtin_name(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("<built-in ")?.strip_suffix('>')?;
+    let Some((head, owner)) = rest.split_once(" of ") else {
+        return Some(name.to_owned());
+    };
+    let owner = owner.split_once(" at 0x").map_or(owner, |(o, _)| o);
+    let owner = owner.strip_suffix(" object").unwrap_or(owner);
+    let (kind, method) = head.split_once(' ')?;
+    Some(if owner == "type" {
+        format!("<built-in {kind} {method}>")
+    } else {
+        format!("<built-in {kind} {owner}.{method}>")
+    })
+}
+
 /// The role of the frame `name` in `file` at `line` ([`FrameRole`]; `prefix` as for
 /// [`user_view`]).
 pub fn classify(name: &str, file: &str, line: u32, prefix: &str) -> FrameRole {
+    // What the profiler's Python tracer names (`_profile_to_snapshot`'s frames, file `none`):
+    // a C function called from Python, a module instance.
+    if let Some(b) = builtin_name(name) {
+        return FrameRole::Keep(UserFrame {
+            file: String::new(),
+            line: 0,
+            name: b,
+            op_backward: None,
+        });
+    }
+    if file == "none" && name.starts_with("nn.Module: ") {
+        return FrameRole::Keep(UserFrame {
+            file: String::new(),
+            line: 0,
+            name: name.to_owned(),
+            op_backward: None,
+        });
+    }
     if is_python(file) {
         if is_python_backward(file, name) {
             return FrameRole::Backward;
@@ -435,6 +473,56 @@ pub fn profiler_location(name: &str) -> Option<(&str, u32, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_builtins_name_loses_its_objects_address() {
+        let b = |n: &str| builtin_name(n);
+        assert_eq!(
+            b("<built-in method dropout of type object at 0x7fde9bcbc100>").as_deref(),
+            Some("<built-in method dropout>")
+        );
+        assert_eq!(
+            b("<built-in method contiguous of Tensor object at 0x7fde4f5f4870>").as_deref(),
+            Some("<built-in method Tensor.contiguous>")
+        );
+        assert_eq!(
+            b("<built-in method run_backward of torch._C._EngineBase object at 0x7f>").as_deref(),
+            Some("<built-in method torch._C._EngineBase.run_backward>")
+        );
+        assert_eq!(
+            b("<built-in function linear>").as_deref(),
+            Some("<built-in function linear>")
+        );
+        assert_eq!(b("forward"), None);
+        assert_eq!(b("<module>"), None);
+        // In a stack: kept where it is, without a file.
+        let v = user_view(
+            &[
+                ("<module>", "/home/u/m.py", 7),
+                ("nn.Module: Dropout_0", "none", 0),
+                ("forward", "torch/nn/modules/dropout.py", 69),
+                (
+                    "<built-in method dropout of type object at 0x7f00>",
+                    "none",
+                    0,
+                ),
+            ],
+            "/home/u/",
+        );
+        let names: Vec<(&str, &str)> = v
+            .iter()
+            .map(|f| (f.file.as_str(), f.name.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("m.py", "<module>"),
+                ("", "nn.Module: Dropout_0"),
+                ("torch/nn/modules/dropout.py", "forward"),
+                ("", "<built-in method dropout>"),
+            ]
+        );
+    }
 
     #[test]
     fn a_profiler_call_name_gives_its_file_line_and_function() {

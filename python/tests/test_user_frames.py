@@ -6,12 +6,13 @@ frames are the default of a trace that observes PyTorch's allocator (``track()``
 reads as recorded by default (CuPy's ``LineProfileHook`` tree) and asks for them with
 ``--frames user``."""
 
+import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
-from conftest import report_json
+from conftest import report_json, run_cli
 
 LAUNCH = """
     import sys
@@ -181,3 +182,55 @@ def test_a_tracked_pytorch_model_reads_as_its_lines_modules_and_operators(tmp_pa
     assert at_peak and not any(
         "runpy" in f or "contextlib" in f for frames_, _ in at_peak for f in frames_
     ), at_peak
+
+
+def test_a_profile_made_snapshots_builtins_read_the_same_in_every_run(tmp_path):
+    """`_profile_to_snapshot` names a C function called from Python with the address of the
+    object it is bound to (`<built-in method dropout of type object at 0x7f…>`), which differs
+    from process to process: the user's view leaves the address out, so that the same line of
+    two runs is one `lines` row and `diff` finds nothing changed."""
+    pytest.importorskip("torch.cuda._memory_viz", reason="this torch has no _memory_viz")
+    import pickle
+    import re
+
+    import torch
+    from test_snapshots import snapshot_of
+    from torch import nn
+
+    def train():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(2):
+            m(torch.randn(8, 16)).t().contiguous().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return m, opt
+
+    snap = snapshot_of(train)
+    names = {
+        f["name"]
+        for e in snap["device_traces"][0]
+        for f in e.get("frames", [])
+        if f["name"].startswith("<built-in method")
+    }
+    assert any(" at 0x" in n for n in names), names
+    # The same run as another process would write it: every object at another address.
+    moved = pickle.loads(pickle.dumps(snap))
+    for e in moved["device_traces"][0]:
+        for f in e.get("frames", []):
+            f["name"] = re.sub(r" at 0x[0-9a-f]+>$", " at 0xdeadbeef00>", f["name"])
+    paths = []
+    for name, s in (("a", snap), ("b", moved)):
+        p = tmp_path / f"{name}.pickle"
+        p.write_bytes(pickle.dumps(s))
+        paths.append(p)
+
+    lines = run_cli("lines", paths[0]).stdout
+    assert "<built-in method" in lines and "0x" not in lines, lines
+    assert "<built-in method Tensor.contiguous>" in lines, lines
+    diff = json.loads(run_cli("diff", *paths, "--format", "json").stdout)
+    changed = [r["key"] for r in diff["rows"] if r["key"].startswith("line:")]
+    assert changed == [], changed[:5]
+    # As PyTorch's viewer shows them, they keep their addresses.
+    assert "0x" in run_cli("lines", paths[0], "--frames", "viewer").stdout
