@@ -6,8 +6,9 @@
 //!   trace never allocated was live from the start;
 //! - complete (`X`) events on CPU threads are scopes, nested by time on their thread:
 //!   `cpu_op` (ATen operators) are functions, `python_function` events `nn.Module: Name_N`
-//!   are links (`Name`), other Python calls (`file.py(line): name`) and user annotations are
-//!   user scopes; a memory event's stack is the scopes open on its thread at its time;
+//!   are links (`Name`), other Python calls (`file.py(line): name`, C functions named without
+//!   their object's address) and user annotations are user scopes; a memory event's stack is
+//!   the scopes open on its thread at its time;
 //! - `ProfilerStep#N` annotations are epoch `N`.
 
 use std::borrow::Cow;
@@ -307,6 +308,11 @@ fn scope_frame(cat: &str, name: &str) -> Frame {
     if let Some((file, line, func)) = crate::frames::profiler_location(name) {
         return frame(FrameKind::Scope, file, line, func);
     }
+    // A C function called from Python, named without its object's address (which differs
+    // from run to run: two runs' same call would be two rows, two `diff` keys).
+    if let Some(b) = crate::frames::builtin_name(name) {
+        return frame(FrameKind::Scope, "", 0, &b);
+    }
     frame(FrameKind::Scope, "", 0, name)
 }
 
@@ -328,6 +334,14 @@ mod tests {
         );
         let f = scope_frame("cpu_op", "aten::addmm");
         assert_eq!(f.kind, FrameKind::Function);
+        let f = scope_frame(
+            "python_function",
+            "<built-in method dropout of type object at 0x7fde9bcbc100>",
+        );
+        assert_eq!(
+            (f.kind, f.name.as_str()),
+            (FrameKind::Scope, "<built-in method dropout>")
+        );
     }
 
     #[test]
