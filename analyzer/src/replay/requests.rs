@@ -12,23 +12,10 @@ use super::stacks::frames_of_stack;
 use super::Units;
 use crate::read::Trace;
 
-/// What a memory event asks of an allocator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestKind {
-    /// A served request: `bytes` asked, the block at `addr` (a PyTorch snapshot's `alloc`).
-    Malloc,
-    /// The free of the block at `addr` was requested (other streams may still use it).
-    FreeRequested,
-    /// The free of the block at `addr` completed.
-    Free,
-    /// A request of `bytes` that failed for lack of memory.
-    OutOfMemory,
-    /// The allocator took `bytes` at `addr` from the device (`segment_alloc`/`segment_map`;
-    /// at `addr` 0 or 1, memory held from before the trace began).
-    Acquire,
-    /// The allocator gave `bytes` at `addr` back (`segment_free`/`segment_unmap`).
-    Release,
-}
+/// What a memory event asks of an allocator: the allocator models' own word for it (a
+/// snapshot's `alloc`, `free_requested`, `free_completed`, `oom`, `segment_alloc`/`segment_map`,
+/// `segment_free`/`segment_unmap`), so that a request replays through a model as it is.
+pub use poolsight_alloc_models::replay::Op as RequestKind;
 
 /// One memory event, in time order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

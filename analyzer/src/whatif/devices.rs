@@ -2,7 +2,7 @@
 //! memory events as [`crate::replay::memory_requests`] gives them, mapped onto the model's
 //! [`Request`]s), its capacity, and what the recorded allocator reserved.
 
-use poolsight_alloc_models::replay::{Op, Request};
+use poolsight_alloc_models::replay::Request;
 use poolsight_schema::kinds::MarkKind;
 
 use crate::read::{ChunkKind, Trace};
@@ -106,14 +106,7 @@ pub fn devices(trace: &Trace, capacity: Option<u64>) -> Vec<Device> {
             let requests = mine
                 .iter()
                 .map(|r| Request {
-                    op: match r.kind {
-                        RequestKind::Malloc => Op::Malloc,
-                        RequestKind::FreeRequested => Op::FreeRequested,
-                        RequestKind::Free => Op::Free,
-                        RequestKind::OutOfMemory => Op::OutOfMemory,
-                        RequestKind::Acquire => Op::Acquire,
-                        RequestKind::Release => Op::Release,
-                    },
+                    op: r.kind,
                     stream: r.stream,
                     addr: if r.kind == RequestKind::Acquire && held_before(trace, r) {
                         1
