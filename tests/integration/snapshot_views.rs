@@ -1,7 +1,7 @@
 //! A real-shaped snapshot reads as the user's model: the `user` frames by default, inferred
 //! categories, `record_function` ranges as functions, segments kept (fixtures/pytorch/make.py
-//! writes the files: a training step with C++ stacks, a notebook cell that runs out of memory,
-//! and the same notebook's OOM dump with segments only).
+//! writes the files: a training step with C++ stacks (also as PyTorch 2.4 laid it out), a
+//! notebook cell that runs out of memory, and the same notebook's OOM dump with segments only).
 
 use std::path::{Path, PathBuf};
 
@@ -194,6 +194,24 @@ fn record_function_ranges_are_functions_and_profiler_steps_epochs() {
         .any(|r| r["name"] == "Optimizer.step#AdamW.step" && r["occurrence"] == 2));
     let e = ok(cli(&["epochs", "--format", "json", &s])).json();
     assert_eq!(e["epochs"].as_array().unwrap().len(), 2);
+}
+
+/// PyTorch 2.4 kept `record_function` ranges as `user_defined` entries of a device's trace
+/// (one frame: the range's name as its `filename`, START or END as its `name`); 2.5 moved them
+/// to `external_annotations`. The same run in either layout reads the same.
+#[test]
+fn record_function_ranges_of_pytorch_2_4_read_as_those_of_later_versions() {
+    let v24 = fixture("snapshot_step_cpp_v24.pickle")
+        .display()
+        .to_string();
+    let info = ok(cli(&["info", &v24])).stdout;
+    assert!(info.contains("unmapped   nothing"), "{info}");
+    for command in ["functions", "epochs", "lines", "categories", "report"] {
+        let (a, b) = (ok(cli(&[command, &step()])), ok(cli(&[command, &v24])));
+        assert_eq!(a.stdout, b.stdout, "{command}");
+    }
+    let f = ok(cli(&["functions", &v24])).stdout;
+    assert!(f.contains("Optimizer.step#AdamW.step"), "{f}");
 }
 
 #[test]

@@ -121,8 +121,11 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     let mut stacks = Stacks::new(filter, &t, s);
     let mut streams = StreamIds::default();
     let entries = std::mem::take(&mut t.entries);
-    // Per device, its entries.
+    // Per device, its entries; `record_function` annotations, wherever the file keeps them.
     let mut devices: Vec<Vec<Entry>> = Vec::new();
+    let mut annotations = annotations.map_or_else(Vec::new, |a| ranges::external(s, a));
+    let external = annotations.len();
+    let device_of = |devices: &Vec<Vec<Entry>>| devices.len().min(255) as u32;
     if let Some(traces) = traces {
         expect_list(traces, "device_traces")?;
         for &d in s.items(traces) {
@@ -141,6 +144,9 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 };
                 match entry.action {
                     Ok(_) => list.push(*entry),
+                    Err(name) if name != NONE && s.text(name) == "user_defined" => {
+                        annotations.push(ranges::user_defined(&t, s, entry, device_of(&devices)));
+                    }
                     Err(name) => unmapped.add(format!(
                         "trace entries with action `{}`",
                         if name == NONE { "?" } else { s.text(name) }
@@ -151,7 +157,9 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
         }
     }
     drop(entries);
-    ev.entries = devices.iter().map(|d| d.len() as u64).sum();
+    // Entries of the device traces, `user_defined` ones too.
+    ev.entries =
+        devices.iter().map(|d| d.len() as u64).sum::<u64>() + (annotations.len() - external) as u64;
     let has_time = devices.iter().flatten().any(|e| e.time_us.is_some());
     let t0_us = devices
         .iter()
@@ -196,10 +204,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             }
         }
     }
-    let ranges = match annotations {
-        Some(a) => read_annotations(s, a, t0_us, &mut ev, &mut unmapped),
-        None => Vec::new(),
-    };
+    let ranges = read_annotations(&annotations, t0_us, &mut ev, &mut unmapped);
     // Categories are inferred when no entry has one of its own (profiler-made snapshots do).
     let infer = !devices.iter().flatten().any(|e| e.category != NONE);
 

@@ -3,7 +3,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::entries::Made;
+use super::entries::{Entry, Made, Tables, NONE};
 use super::Unmapped;
 use crate::events::{Ev, Events};
 use crate::pickle::{Store, Value};
@@ -18,30 +18,72 @@ pub(super) struct Range {
     pub(super) name: String,
 }
 
-/// `external_annotations`: `{name, stage: START|END, device, time_us}` from
-/// `record_function` ranges. `ProfilerStep#N` ranges become epochs; other ranges are returned,
-/// to become function scopes, each START paired with the next END of its name (a START never
-/// ended runs to the end of the trace); an END without its START is a mark.
+/// One `record_function` annotation, whichever way the snapshot holds it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Annotation<'s> {
+    pub(super) name: Option<&'s str>,
+    pub(super) stage: &'s str,
+    pub(super) time_us: Option<u64>,
+    pub(super) device: u32,
+}
+
+/// `external_annotations` (PyTorch 2.5 and later): `{name, stage: START|END, device,
+/// time_us}`.
+pub(super) fn external<'s>(s: &'s Store<Made>, a: Value<Made>) -> Vec<Annotation<'s>> {
+    s.items(a)
+        .iter()
+        .map(|&x| Annotation {
+            name: s.get(x, "name").and_then(|v| s.str(v)),
+            stage: s.get(x, "stage").and_then(|v| s.str(v)).unwrap_or(""),
+            time_us: s.get(x, "time_us").and_then(|v| v.u64()),
+            device: s
+                .get(x, "device")
+                .and_then(|v| v.u64())
+                .unwrap_or(0)
+                .min(255) as u32,
+        })
+        .collect()
+}
+
+/// A `user_defined` trace entry of a device's trace (PyTorch 2.4, before annotations moved to
+/// `external_annotations`): its one frame names the range as its `filename` and the stage as
+/// its `name` (`{name: "START", filename: "## forward ##", line: 0}`).
+pub(super) fn user_defined<'s>(
+    t: &Tables,
+    s: &'s Store<Made>,
+    e: &Entry,
+    device: u32,
+) -> Annotation<'s> {
+    let frame = t
+        .lists
+        .get(e.frames as usize)
+        .and_then(|l| l.first())
+        .and_then(|&f| t.frames.get(f as usize));
+    let text = |id: u32| (id != NONE).then(|| s.text(id));
+    Annotation {
+        name: frame.and_then(|k| text(k.file)),
+        stage: frame.and_then(|k| text(k.name)).unwrap_or(""),
+        time_us: e.time_us,
+        device,
+    }
+}
+
+/// `record_function` ranges from their annotations, in time order. `ProfilerStep#N` ranges
+/// become epochs; other ranges are returned, to become function scopes, each START paired
+/// with the next END of its name (a START never ended runs to the end of the trace); an END
+/// without its START is a mark.
 pub(super) fn read_annotations(
-    s: &Store<Made>,
-    a: Value<Made>,
+    annotations: &[Annotation],
     t0_us: u64,
     ev: &mut Events,
     unmapped: &mut Unmapped,
 ) -> Vec<Range> {
     let mut ranges: Vec<Range> = Vec::new();
     let mut open: FxHashMap<(u32, String), Vec<usize>> = FxHashMap::default();
-    for &x in s.items(a) {
-        let name = s.get(x, "name").and_then(|v| s.str(v));
-        let stage = s.get(x, "stage").and_then(|v| s.str(v)).unwrap_or("");
-        let time = s.get(x, "time_us").and_then(|v| v.u64());
-        let device = s
-            .get(x, "device")
-            .and_then(|v| v.u64())
-            .unwrap_or(0)
-            .min(255) as u32;
-        let (Some(name), Some(time)) = (name, time) else {
-            unmapped.add("external annotations without a name or time");
+    for a in annotations {
+        let (stage, device) = (a.stage, a.device);
+        let (Some(name), Some(time)) = (a.name, a.time_us) else {
+            unmapped.add("record_function annotations without a name or time");
             continue;
         };
         let t = time.saturating_sub(t0_us).saturating_mul(1000);
