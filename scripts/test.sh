@@ -99,7 +99,10 @@ if [ -f python/requirements-chainer.txt ]; then
   "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check "setuptools<70" wheel
   "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation -r python/requirements-chainer.txt
   "$CHAINER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
-  export POOLSIGHT_CHAINER_PYTHON="$PWD/$CHAINER_VENV/bin/python"
+  case "$CHAINER_VENV" in
+    /*) export POOLSIGHT_CHAINER_PYTHON="$CHAINER_VENV/bin/python" ;;
+    *) export POOLSIGHT_CHAINER_PYTHON="$PWD/$CHAINER_VENV/bin/python" ;;
+  esac
 fi
 
 echo "== browser tests of the HTML report (headless Chromium; skipped with a reason when unavailable)"

@@ -17,6 +17,9 @@ cd "$(dirname "$0")/.."
 
 OUT="${WHEELS_OUT:-target/manylinux}"
 TOOLS="${WHEELS_VENV:-target/wheel-tools}"
+# Absolute: maturin hands zig's command (this environment's python -m ziglang) to wrappers that
+# compilers of C dependencies run from their own build folders.
+case "$TOOLS" in /*) ;; *) TOOLS="$PWD/$TOOLS" ;; esac
 PY="${PYTHON:-python3}"
 
 arches=("$@")
