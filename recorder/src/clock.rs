@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const UNDECIDED: u8 = 0;
+/// x86_64 only: elsewhere the clock is the monotonic one.
+#[cfg(target_arch = "x86_64")]
 const TSC: u8 = 1;
 const MONOTONIC: u8 = 2;
 

@@ -139,6 +139,7 @@ pub(crate) fn write_sealed(file: &MappedFile, region: &Region, bytes: &[u8], seq
 /// (the preparer faulted the pages in long before), so each first store to a line waits for
 /// it; asking 512 bytes (16 events) ahead hides that wait behind the events in between: 3–4 ns
 /// per event measured. A prefetch never faults, so one past the region's end is harmless.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_AHEAD: usize = 512;
 
 /// A chunk being filled by one thread.
