@@ -367,21 +367,19 @@ pub fn builtin_name(name: &str) -> Option<String> {
 pub fn classify(name: &str, file: &str, line: u32, prefix: &str) -> FrameRole {
     // What the profiler's Python tracer names (`_profile_to_snapshot`'s frames, file `none`):
     // a C function called from Python, a module instance.
-    if let Some(b) = builtin_name(name) {
-        return FrameRole::Keep(UserFrame {
+    let bare = |name: String| {
+        FrameRole::Keep(UserFrame {
             file: String::new(),
             line: 0,
-            name: b,
+            name,
             op_backward: None,
-        });
+        })
+    };
+    if let Some(b) = builtin_name(name) {
+        return bare(b);
     }
     if file == "none" && name.starts_with("nn.Module: ") {
-        return FrameRole::Keep(UserFrame {
-            file: String::new(),
-            line: 0,
-            name: name.to_owned(),
-            op_backward: None,
-        });
+        return bare(name.to_owned());
     }
     if is_python(file) {
         if is_python_backward(file, name) {
