@@ -7,8 +7,10 @@
 //! - complete (`X`) events on CPU threads are scopes, nested by time on their thread:
 //!   `cpu_op` (ATen operators) are functions, `python_function` events `nn.Module: Name_N`
 //!   are links (`Name`), other Python calls (`file.py(line): name`, C functions named without
-//!   their object's address) and user annotations are user scopes; a memory event's stack is
-//!   the scopes open on its thread at its time;
+//!   their object's address) are user scopes, `record_function` ranges (`user_annotation`)
+//!   function scopes with a snapshot's range file (phases); a memory event's stack is the
+//!   scopes open on its thread at its time; a free of a block never allocated (in time order
+//!   over every thread) was live from the start;
 //! - `ProfilerStep#N` annotations are epoch `N`.
 
 use std::borrow::Cow;
@@ -176,6 +178,37 @@ pub fn convert_with(
             .or_default()
             .push((c.ts_us, &c.category));
     }
+    let device_of = |a: &Args| match a.device_type {
+        Some(1) => a.device_id.unwrap_or(0).clamp(0, 255) as u32,
+        _ => cpu_device,
+    };
+    // The frees of blocks the trace never allocated (live from the start), found in time order
+    // over every thread: a block is often freed on another thread than the one that made it
+    // (CUDA's backward pass runs on the autograd engine's device threads).
+    let mut memory: Vec<(f64, usize)> = events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| matches!(&*e.ph, "i" | "I") && e.name == "[memory]")
+        .filter_map(|(i, e)| e.ts.filter(|t| t.is_finite()).map(|t| (t, i)))
+        .collect();
+    memory.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut held: FxHashMap<(u32, u64), ()> = FxHashMap::default();
+    let mut from_start: FxHashMap<usize, ()> = FxHashMap::default();
+    for &(_, i) in &memory {
+        let Some(a) = events[i].args.as_ref() else {
+            continue;
+        };
+        let (Some(bytes), Some(addr)) = (a.bytes, a.addr) else {
+            continue;
+        };
+        let key = (device_of(a), addr);
+        if bytes > 0 {
+            held.insert(key, ());
+        } else if bytes < 0 && held.remove(&key).is_none() {
+            from_start.insert(i, ());
+        }
+    }
+    drop((memory, held));
     let mut overflowed = false;
     let mut devices: Vec<u32> = Vec::new();
     let mut keys: Vec<_> = threads.keys().cloned().collect();
@@ -189,7 +222,6 @@ pub fn convert_with(
         });
         // Open scopes: (end, stack, frames).
         let mut open: Vec<(f64, Stack, Vec<Frame>)> = Vec::new();
-        let mut live: FxHashMap<(u32, u64), ()> = FxHashMap::default();
         for it in items {
             let e = &events[it.index];
             if it.class == 0 {
@@ -223,15 +255,11 @@ pub fn convert_with(
                     .or_default() += 1;
                 continue;
             };
-            let device = match a.and_then(|a| a.device_type) {
-                Some(1) => a.and_then(|a| a.device_id).unwrap_or(0).clamp(0, 255) as u32,
-                _ => cpu_device,
-            };
+            let device = a.map_or(cpu_device, device_of);
             devices.push(device);
             let t = ns(it.ts);
             let size = bytes.unsigned_abs();
             if bytes > 0 {
-                live.insert((device, addr), ());
                 let mut frames = parent.map(|p| p.1).unwrap_or_default();
                 if let Some(c) = nearest(&by_addr, addr, it.ts) {
                     frames.push(label(c));
@@ -240,7 +268,7 @@ pub fn convert_with(
                 ev.push(t, Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
                 ev.push(t, Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
             } else if bytes < 0 {
-                if live.remove(&(device, addr)).is_none() {
+                if from_start.contains_key(&it.index) {
                     overflowed = true;
                     let mut frames = vec![before_trace()];
                     frames.extend(parent.map(|p| p.1).unwrap_or_default());
@@ -298,6 +326,11 @@ fn scope_frame(cat: &str, name: &str) -> Frame {
     if cat == "cpu_op" {
         return frame(FrameKind::Function, "", 0, name);
     }
+    // A `record_function` range (`Optimizer.step#AdamW.step`, the user's own): a phase, as a
+    // snapshot's ranges are.
+    if cat == "user_annotation" {
+        return frame(FrameKind::Function, poolsight_schema::RANGE_FILE, 0, name);
+    }
     if let Some(m) = name.strip_prefix("nn.Module: ") {
         let class = match m.rsplit_once('_') {
             Some((c, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => c,
@@ -334,6 +367,11 @@ mod tests {
         );
         let f = scope_frame("cpu_op", "aten::addmm");
         assert_eq!(f.kind, FrameKind::Function);
+        let f = scope_frame("user_annotation", "Optimizer.step#AdamW.step");
+        assert_eq!(
+            (f.kind, f.file.as_str()),
+            (FrameKind::Function, poolsight_schema::RANGE_FILE)
+        );
         let f = scope_frame(
             "python_function",
             "<built-in method dropout of type object at 0x7fde9bcbc100>",
@@ -342,6 +380,27 @@ mod tests {
             (f.kind, f.name.as_str()),
             (FrameKind::Scope, "<built-in method dropout>")
         );
+    }
+
+    /// CUDA's backward pass runs on the autograd engine's device threads: what the forward
+    /// made on the main thread is freed there. Whichever thread is read first, such a block was
+    /// allocated in the file, not live from its start.
+    #[test]
+    fn a_block_freed_on_another_thread_was_allocated_in_the_file() {
+        for (made, freed) in [(1, 2), (2, 1)] {
+            let json = format!(
+                r#"{{"traceEvents": [
+                {{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {made}, "ts": 10.0, "args": {{"Bytes": 1000, "Addr": 4096, "Device Type": 1, "Device Id": 0}}}},
+                {{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {freed}, "ts": 20.0, "args": {{"Bytes": -1000, "Addr": 4096, "Device Type": 1, "Device Id": 0}}}},
+                {{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": {made}, "ts": 30.0, "args": {{"Bytes": 500, "Addr": 8192, "Device Type": 1, "Device Id": 0}}}}
+            ]}}"#
+            );
+            let ev = convert(json.as_bytes(), FrameFilter::Viewer).unwrap();
+            assert!(!ev.overflowed, "tids {made} -> {freed}");
+            // Two allocations (a malloc and its acquire each) and one free (and its release):
+            // no block live from the start.
+            assert_eq!(ev.len(), 6, "tids {made} -> {freed}");
+        }
     }
 
     #[test]
