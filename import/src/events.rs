@@ -164,6 +164,19 @@ impl Events {
         self.timed.push((ns, e));
     }
 
+    /// How many timed events were pushed: the index the next one gets.
+    pub fn timed_len(&self) -> usize {
+        self.timed.len()
+    }
+
+    /// Gives the timed event pushed `index`-th another stack (a label known only once every
+    /// event was read: an inferred category).
+    pub fn restack(&mut self, index: usize, stack: Stack) {
+        if let Some((_, e)) = self.timed.get_mut(index) {
+            e.stack = stack;
+        }
+    }
+
     pub fn push_initial(&mut self, e: Ev) {
         self.initial.push(e);
     }

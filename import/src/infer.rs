@@ -65,6 +65,42 @@ pub enum Prev {
     Before,
 }
 
+/// What a stack says ([`Evidence`] without its lifetime), its frames `(name, file, line)`
+/// outermost first: the backward pass by its engine's frames, an autograd node or
+/// `torch.autograd.backward`; Python frames under `torch/optim/` (unless the user's own code
+/// runs inside them: a closure), a module's `forward`, a module's construction.
+pub fn evidence_of(raw: &[(&str, &str, u32)]) -> Evidence {
+    let mut e = Evidence {
+        backward: crate::frames::in_backward(raw),
+        has_stack: !raw.is_empty(),
+        ..Default::default()
+    };
+    for &(name, file, _) in raw {
+        if !file.ends_with(".py") {
+            continue;
+        }
+        e.python = true;
+        // The optimizer's, unless the user's own code runs inside it (a closure).
+        if in_optimizer(file) {
+            e.optimizer = true;
+        } else if crate::frames::is_user_file(file) {
+            e.optimizer = false;
+        }
+        e.forward |= name == "forward";
+        e.parameter |= makes_parameter(file, name);
+    }
+    e
+}
+
+/// The category of a block live from the start, by what its stack says ([`evidence_of`]).
+pub fn initial(e: Evidence) -> &'static str {
+    categories(&[Life {
+        evidence: Evidence { before: true, ..e },
+        freed_before: None,
+        prev: None,
+    }])[0]
+}
+
 pub const PARAMETER: &str = "parameter";
 pub const GRADIENT: &str = "gradient";
 pub const OPTIMIZER_STATE: &str = "optimizer_state";

@@ -21,6 +21,7 @@ use serde::Deserialize;
 
 use crate::events::{before_trace, label, step_number, Ev, EvKind, Events, Stack};
 use crate::frames::FrameFilter;
+use crate::infer;
 use crate::ImportError;
 
 #[derive(Deserialize)]
@@ -192,7 +193,12 @@ pub fn convert_with(
         .filter_map(|(i, e)| e.ts.filter(|t| t.is_finite()).map(|t| (t, i)))
         .collect();
     memory.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut held: FxHashMap<(u32, u64), ()> = FxHashMap::default();
+    // Without categories of its own (`from_profile`'s), a trace's are inferred ([`infer`]):
+    // each allocation's life, in time order, its evidence filled in below from its stack.
+    let infer = categories.is_empty();
+    let mut lives: Vec<infer::Life> = Vec::new();
+    let mut life_of: FxHashMap<usize, usize> = FxHashMap::default();
+    let mut held: FxHashMap<(u32, u64), Option<usize>> = FxHashMap::default();
     let mut from_start: FxHashMap<usize, ()> = FxHashMap::default();
     for &(_, i) in &memory {
         let Some(a) = events[i].args.as_ref() else {
@@ -203,12 +209,30 @@ pub fn convert_with(
         };
         let key = (device_of(a), addr);
         if bytes > 0 {
-            held.insert(key, ());
-        } else if bytes < 0 && held.remove(&key).is_none() {
-            from_start.insert(i, ());
+            let life = infer.then_some(lives.len());
+            if let Some(k) = life {
+                life_of.insert(i, k);
+                lives.push(infer::Life {
+                    evidence: infer::Evidence::default(),
+                    freed_before: None,
+                    prev: None,
+                });
+            }
+            held.insert(key, life);
+        } else if bytes < 0 {
+            match held.remove(&key) {
+                Some(Some(k)) => lives[k].freed_before = Some(lives.len()),
+                Some(None) => {}
+                None => {
+                    from_start.insert(i, ());
+                }
+            }
         }
     }
     drop((memory, held));
+    // Allocations whose label waits for the inference: (life, index of its malloc event, its
+    // frames).
+    let mut pending: Vec<(usize, usize, Vec<Frame>)> = Vec::new();
     let mut overflowed = false;
     let mut devices: Vec<u32> = Vec::new();
     let mut keys: Vec<_> = threads.keys().cloned().collect();
@@ -263,6 +287,9 @@ pub fn convert_with(
                 let mut frames = parent.map(|p| p.1).unwrap_or_default();
                 if let Some(c) = nearest(&by_addr, addr, it.ts) {
                     frames.push(label(c));
+                } else if let Some(&k) = life_of.get(&it.index) {
+                    lives[k].evidence = evidence(&frames);
+                    pending.push((k, ev.timed_len(), frames.clone()));
                 }
                 let stack = ev.intern(frames);
                 ev.push(t, Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
@@ -271,7 +298,14 @@ pub fn convert_with(
                 if from_start.contains_key(&it.index) {
                     overflowed = true;
                     let mut frames = vec![before_trace()];
-                    frames.extend(parent.map(|p| p.1).unwrap_or_default());
+                    let scopes = parent.map(|p| p.1).unwrap_or_default();
+                    if infer {
+                        let category = infer::initial(evidence(&scopes));
+                        frames.extend(scopes);
+                        frames.push(inferred(category));
+                    } else {
+                        frames.extend(scopes);
+                    }
                     let stack = ev.intern(frames);
                     ev.push_initial(Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
                     ev.push_initial(Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
@@ -283,6 +317,16 @@ pub fn convert_with(
                 );
             }
             ev.end = ev.end.max(t);
+        }
+    }
+    if !pending.is_empty() {
+        let found = infer::categories(&lives);
+        for (k, at, mut frames) in pending {
+            frames.push(inferred(found[k]));
+            let stack = ev.intern(frames);
+            // The malloc and the acquire pushed with it.
+            ev.restack(at, stack);
+            ev.restack(at + 1, stack);
         }
     }
     devices.sort_unstable();
@@ -299,6 +343,33 @@ pub fn convert_with(
         .map(|(k, n)| format!("{k}: {n}"))
         .collect();
     Ok(ev)
+}
+
+/// What an allocation's stack (its open scopes, outermost first) says ([`infer::evidence_of`]):
+/// a module's scope is a forward; an `Optimizer.step` range, with no Python frame to say
+/// otherwise, an optimizer step.
+fn evidence(frames: &[Frame]) -> infer::Evidence {
+    let raw: Vec<(&str, &str, u32)> = frames
+        .iter()
+        .filter(|f| f.kind != FrameKind::Label)
+        .map(|f| (f.name.as_str(), f.file.as_str(), f.line))
+        .collect();
+    let mut e = infer::evidence_of(&raw);
+    e.forward |= frames.iter().any(|f| f.kind == FrameKind::Link);
+    e.optimizer |= !e.python
+        && !e.backward
+        && frames.iter().any(|f| {
+            f.file == poolsight_schema::RANGE_FILE && f.name.starts_with("Optimizer.step")
+        });
+    e
+}
+
+/// The label frame of an inferred category.
+fn inferred(category: &str) -> Frame {
+    Frame {
+        file: infer::INFERRED.to_owned(),
+        ..label(category)
+    }
 }
 
 fn nearest<'c>(

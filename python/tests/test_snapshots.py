@@ -326,6 +326,19 @@ def test_profile_json_and_from_profile(train, tmp_path):
     assert summary["kind"] == "torch-profiler"
     lines = cli("lines", str(out)).stdout
     assert "parameter" in lines or "activation" in lines or "gradient" in lines
+    # The exported trace has no categories: they are inferred, and the gradients and the
+    # optimizer's state live at the peak are the profiler's own (the model is made inside
+    # the profile and dropped after each step, so the profiler's parameters are our inputs
+    # and temporaries: "never freed" is what tells a parameter from its stack).
+    inferred = json.loads(cli("categories", "--format", "json", str(js)).stdout)
+    recorded = json.loads(cli("categories", "--format", "json", str(out)).stdout)
+    assert inferred["inferred"] is True and not recorded["inferred"]
+
+    def at_peak(j):
+        return {c["category"]: c["at_peak_bytes"] for c in j["categories"]}
+
+    for c in ("gradient", "optimizer_state"):
+        assert at_peak(inferred)[c] == at_peak(recorded)[c] > 0, (c, at_peak(inferred))
 
 
 def ent(action, t=0, stream=0, **kw):

@@ -13,41 +13,14 @@ use crate::pickle::Store;
 pub(super) fn evidence(t: &Tables, s: &Store<Made>, frames: u32) -> infer::Evidence {
     let list = t.lists.get(frames as usize).map_or(&[][..], |l| &l[..]);
     let raw: Vec<(&str, &str, u32)> = list.iter().rev().map(|&f| raw_frame(t, s, f)).collect();
-    let mut e = infer::Evidence {
-        backward: crate::frames::in_backward(&raw),
-        has_stack: !raw.is_empty(),
-        ..Default::default()
-    };
-    for &(name, file, _) in &raw {
-        if !file.ends_with(".py") {
-            continue;
-        }
-        e.python = true;
-        // The optimizer's, unless the user's own code runs inside it (a closure).
-        if infer::in_optimizer(file) {
-            e.optimizer = true;
-        } else if crate::frames::is_user_file(file) {
-            e.optimizer = false;
-        }
-        e.forward |= name == "forward";
-        e.parameter |= infer::makes_parameter(file, name);
-    }
-    e
+    infer::evidence_of(&raw)
 }
 
 /// The category of a block live from the start to the end (a segment's block no entry
 /// allocated): a gradient or optimizer state by its frames, else a parameter; `before
 /// recording` when it has no frames.
 pub(super) fn initial_category(t: &Tables, s: &Store<Made>, frames: u32) -> &'static str {
-    let e = infer::Evidence {
-        before: true,
-        ..evidence(t, s, frames)
-    };
-    infer::categories(&[infer::Life {
-        evidence: e,
-        freed_before: None,
-        prev: None,
-    }])[0]
+    infer::initial(evidence(t, s, frames))
 }
 
 /// The label of a segment's block live from the start: its inferred category, when the file's
