@@ -220,6 +220,16 @@ impl Events {
         s
     }
 
+    /// The stack of `s`'s frames with `frame` innermost.
+    pub fn with_frame(&mut self, s: Stack, frame: Frame) -> Stack {
+        let mut ids: Vec<u32> = self
+            .stacks
+            .get(s.0 as usize)
+            .map_or_else(Vec::new, |b| b.to_vec());
+        ids.push(self.frame(frame));
+        self.stack(&ids)
+    }
+
     /// The frames of a stack, outermost first.
     pub fn frames_of(&self, s: Stack) -> impl Iterator<Item = &Frame> + '_ {
         let ids = self.stacks.get(s.0 as usize).map_or(&[][..], |b| &b[..]);

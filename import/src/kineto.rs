@@ -231,8 +231,9 @@ pub fn convert_with(
     }
     drop((memory, held));
     // Allocations whose label waits for the inference: (life, index of its malloc event, its
-    // frames).
-    let mut pending: Vec<(usize, usize, Vec<Frame>)> = Vec::new();
+    // stack); each distinct stack's evidence, once.
+    let mut pending: Vec<(usize, usize, Stack)> = Vec::new();
+    let mut evidence_of: FxHashMap<Stack, infer::Evidence> = FxHashMap::default();
     let mut overflowed = false;
     let mut devices: Vec<u32> = Vec::new();
     let mut keys: Vec<_> = threads.keys().cloned().collect();
@@ -285,13 +286,21 @@ pub fn convert_with(
             let size = bytes.unsigned_abs();
             if bytes > 0 {
                 let mut frames = parent.map(|p| p.1).unwrap_or_default();
-                if let Some(c) = nearest(&by_addr, addr, it.ts) {
-                    frames.push(label(c));
-                } else if let Some(&k) = life_of.get(&it.index) {
-                    lives[k].evidence = evidence(&frames);
-                    pending.push((k, ev.timed_len(), frames.clone()));
-                }
+                let waits = match nearest(&by_addr, addr, it.ts) {
+                    Some(c) => {
+                        frames.push(label(c));
+                        None
+                    }
+                    None => life_of.get(&it.index).copied(),
+                };
                 let stack = ev.intern(frames);
+                if let Some(k) = waits {
+                    lives[k].evidence = *evidence_of.entry(stack).or_insert_with(|| {
+                        let frames: Vec<Frame> = ev.frames_of(stack).cloned().collect();
+                        evidence(&frames)
+                    });
+                    pending.push((k, ev.timed_len(), stack));
+                }
                 ev.push(t, Ev::mem(EvKind::Malloc, device, 0, addr, size, stack));
                 ev.push(t, Ev::mem(EvKind::Acquire, device, 0, addr, size, stack));
             } else if bytes < 0 {
@@ -321,9 +330,12 @@ pub fn convert_with(
     }
     if !pending.is_empty() {
         let found = infer::categories(&lives);
-        for (k, at, mut frames) in pending {
-            frames.push(inferred(found[k]));
-            let stack = ev.intern(frames);
+        let mut labelled: FxHashMap<(Stack, &str), Stack> = FxHashMap::default();
+        for (k, at, stack) in pending {
+            let category = found[k];
+            let stack = *labelled
+                .entry((stack, category))
+                .or_insert_with(|| ev.with_frame(stack, inferred(category)));
             // The malloc and the acquire pushed with it.
             ev.restack(at, stack);
             ev.restack(at + 1, stack);
