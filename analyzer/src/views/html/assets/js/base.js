@@ -65,6 +65,19 @@ function fmtNs(ns) {
 function fmtCount(n) { return String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ","); }
 function fmtMetric(metric, v) { return metric === "time" ? fmtNs(v) : fmtBytes(v); }
 
+// A canvas sized to its box at the screen's pixel ratio, cleared: its 2D context, width and height
+// in CSS pixels.
+function freshCanvas(canvas) {
+  const dpr = window.devicePixelRatio || 1;
+  const W = canvas.clientWidth, H = canvas.clientHeight;
+  canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
+  const g = canvas.getContext("2d");
+  g.setTransform(dpr, 0, 0, dpr, 0, 0);
+  g.clearRect(0, 0, W, H);
+  g.font = "11px system-ui, sans-serif";
+  return { g, W, H };
+}
+
 function view() { return data.views[state.view]; }
 // A run's bands split one way ("stack", "category", "phase", "module"); by stack when it has
 // no other.

@@ -64,13 +64,8 @@ function CategoryChart(container, run, titled) {
   const Y = (b) => H - M.b - b / ymax * (H - M.t - M.b);
   const endOf = (i) => (i + 1 < run.t.length ? run.t[i + 1] : run.t[i] + run.bucket_ns);
   function draw() {
-    const dpr = window.devicePixelRatio || 1;
-    W = canvas.clientWidth; H = canvas.clientHeight;
-    canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, W, H);
-    g.font = "11px system-ui, sans-serif";
+    const c = freshCanvas(canvas), g = c.g;
+    W = c.W; H = c.H;
     g.strokeStyle = "#ddd"; g.fillStyle = "#555"; g.lineWidth = 1;
     g.textAlign = "right";
     const ys = byteStep(ymax, 3);

@@ -68,13 +68,8 @@ function Timeline(container, runIdx, overlay) {
   self.pointAt = pointAt;
 
   function draw() {
-    const dpr = window.devicePixelRatio || 1;
-    W = canvas.clientWidth; H = canvas.clientHeight;
-    canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
-    const g = canvas.getContext("2d");
-    g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, W, H);
-    g.font = "11px system-ui, sans-serif";
+    const c = freshCanvas(canvas), g = c.g;
+    W = c.W; H = c.H;
     // Epochs.
     const r0 = runs[runs.length - 1];
     r0.epochs.forEach(([n, b, e], k) => {
