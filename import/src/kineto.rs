@@ -195,7 +195,7 @@ pub fn convert_with(
     memory.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     // Without categories of its own (`from_profile`'s), a trace's are inferred ([`infer`]):
     // each allocation's life, in time order, its evidence filled in below from its stack.
-    let infer = categories.is_empty();
+    let inferring = categories.is_empty();
     let mut lives: Vec<infer::Life> = Vec::new();
     let mut life_of: FxHashMap<usize, usize> = FxHashMap::default();
     let mut held: FxHashMap<(u32, u64), Option<usize>> = FxHashMap::default();
@@ -209,7 +209,7 @@ pub fn convert_with(
         };
         let key = (device_of(a), addr);
         if bytes > 0 {
-            let life = infer.then_some(lives.len());
+            let life = inferring.then_some(lives.len());
             if let Some(k) = life {
                 life_of.insert(i, k);
                 lives.push(infer::Life {
@@ -308,7 +308,7 @@ pub fn convert_with(
                     overflowed = true;
                     let mut frames = vec![before_trace()];
                     let scopes = parent.map(|p| p.1).unwrap_or_default();
-                    if infer {
+                    if inferring {
                         let category = infer::initial(evidence(&scopes));
                         frames.extend(scopes);
                         frames.push(inferred(category));
