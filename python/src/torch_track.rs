@@ -100,8 +100,11 @@ struct Seen {
     device: u32,
     /// The stack a relabelling records it under (without its category).
     base: u32,
-    /// The weakref whose callback records its free (kept alive here); None under the native
-    /// observer, where the allocator reports the free.
+    /// The number the native observer watches it by (0: not watched), when the allocator
+    /// will not report its free (see `native.rs`).
+    watch: u64,
+    /// The weakref whose callback records its free (kept alive here); None for an operator's
+    /// output under the native observer (the allocator reports the free, or it is watched).
     _weakref: Option<Py<PyAny>>,
 }
 
@@ -208,6 +211,8 @@ pub struct TorchState {
     backward_ran: AtomicBool,
     /// Storages recorded by `track()` so far.
     recorded: AtomicU64,
+    /// The last number given to a storage the native observer watches.
+    watches: AtomicU64,
     step: Mutex<Step>,
     /// Shared with `gone`, which records frees.
     storages: Arc<Mutex<Storages>>,
@@ -517,6 +522,7 @@ impl TorchState {
             step_forward: AtomicBool::new(false),
             backward_ran: AtomicBool::new(false),
             recorded: AtomicU64::new(0),
+            watches: AtomicU64::new(0),
             step: Mutex::new(Step::default()),
             storages,
             op_infos: Mutex::new(Map::default()),

@@ -114,6 +114,60 @@ def test_both_backends_give_the_same_figures_on_an_lstm_with_momentum(native, tm
     assert at_end["parameter"] == params and at_end["optimizer_state"] == params
 
 
+def made_before_and_freed_inside(trace, backend):
+    """Data made before tracking began, seen inside it (through a view, and given to
+    ``track_tensor``) and freed there, then more allocated than it held: the CPU allocator
+    reports no free of a block allocated before, so only a backend that watches it sees it go.
+    """
+    data = torch.randn(1000, 1000)  # 4 MB, before tracking
+    kept = torch.randn(500, 1000)  # 2 MB, before tracking
+    with poolsight.record(trace), pst.track(backend=backend) as tracker:
+        tracker.track_tensor(kept, "input")
+        view = data.view(-1)  # the view's output is data's storage: recorded as input
+        total = view.sum().item()
+        del data, view, kept
+        after = torch.zeros(2000, 1000)  # 8 MB, once both are gone
+        del after
+    return total
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_data_made_before_tracking_and_freed_inside_it_is_freed_in_the_trace(
+    native, tmp_path, backend
+):
+    trace = tmp_path / f"{backend}.pstrace"
+    made_before_and_freed_inside(trace, backend)
+    cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
+    # The peak is the 8 MB made last, alone: the 4 MB and the 2 MB were freed before it.
+    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000
+    assert cats["input"]["at_end_bytes"] == 0
+    assert cats["input"]["max_bytes"] == 8_000_000
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_operators_of_a_thread_that_does_not_track_are_not_recorded(native, tmp_path, backend):
+    import threading
+
+    trace = tmp_path / f"{backend}.pstrace"
+    started, done = threading.Event(), threading.Event()
+
+    def elsewhere():
+        started.wait()
+        x = torch.zeros(3000, 1000)  # 12 MB on a thread that does not track
+        (x + 1).sum()
+        done.set()
+
+    other = threading.Thread(target=elsewhere)
+    other.start()
+    with poolsight.record(trace), pst.track(backend=backend):
+        mine = torch.ones(500, 1000)  # 2 MB here
+        started.set()
+        assert done.wait(30)
+        del mine
+    other.join()
+    assert report_json("categories", trace)["peak_used_bytes"] == 2_000_000
+
+
 def test_native_is_what_auto_picks_and_says_nothing(native, trace, capsys, fresh):
     model = nn.Linear(4, 4)
     with poolsight.record(trace), pst.track(model) as tracker:

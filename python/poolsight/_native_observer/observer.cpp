@@ -3,14 +3,22 @@
 // first use (see `__init__.py`), loaded with ctypes, and fed a table of functions by
 // poolsight's native module, which writes the trace: no Python call per operator.
 //
-// - Operators: a `RecordFunction` callback on the threads that track (PyTorch carries
-//   thread-local callbacks into autograd's worker threads). The operator a dispatch mode sees
+// - Operators: a global `RecordFunction` callback that passes over at once on threads that do
+//   not track. The threads that track are the one that entered and those that carry its
+//   profiler state (PyTorch hands a thread's debug info to autograd's workers). A global
+//   callback, not a thread-local one: with one, every thread-local state PyTorch sets (each
+//   autograd task's) rebuilds the thread's callback lists, which cost 2-3 % of a CPU training
+//   epoch in `python/benchmarks/torch_overhead.py`. The operator a dispatch mode sees
 //   is the outermost dispatcher operator that is not CompositeImplicitAutograd (those decompose
 //   before PyTorch's Python key: `aten::linear` into `aten::t` and `aten::addmm`); operators
 //   called inside it are its kernel's own, as inside a dispatch mode. Each such operator opens a
 //   scope, and the storages of its outputs not seen before are recorded at its end.
 // - Frees: the allocator's reports (`c10::reportMemoryUsage`, what `profile_memory` uses),
-//   through a profiler state that reads as "no profiler" to PyTorch's own checks.
+//   through a profiler state that reads as "no profiler" to PyTorch's own checks. An allocator
+//   reports the free of a block only if it reported its allocation to a profiler state (the CPU
+//   allocator keeps sizes only from then on): an output whose block was not allocated inside
+//   the operator (data made before tracking began, first seen through a view) is watched
+//   instead, through a weak reference to its storage, and its free told when that expires.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -39,6 +47,12 @@ struct Output {
   uint64_t bytes;
   int32_t device_type;
   int32_t device_index;
+  // 1: its block was allocated inside this operator, so the allocator will report its free.
+  uint32_t reported;
+  uint32_t pad;
+  // Set by `op_end` (nonzero) for a storage it recorded whose free the allocator will not
+  // report: the number `unwatched` gives back when the storage is gone.
+  uint64_t watch;
 };
 
 // What poolsight's native module hands over (`torch_track.rs`, `NativeTable`).
@@ -48,11 +62,60 @@ struct Table {
   // An operator the mode would see begins: returns a handle for `op_end` (0: none).
   uint32_t (*op_begin)(void* ctx, const char* name, uint32_t view, uint32_t in_backward,
                        int64_t node_sequence);
-  void (*op_end)(void* ctx, uint32_t handle, const Output* outputs, size_t n, uint32_t raised);
+  void (*op_end)(void* ctx, uint32_t handle, Output* outputs, size_t n, uint32_t raised);
   void (*freed)(void* ctx, uint64_t ptr, int32_t device_type, int32_t device_index);
+  // A watched storage (see `Output::watch`) is gone.
+  void (*unwatched)(void* ctx, uint64_t key, uint64_t watch);
 };
 
-constexpr uint32_t kTableVersion = 1;
+constexpr uint32_t kTableVersion = 2;
+
+// What an operator is, learnt once per name (per thread: no lock on the way).
+struct OpKind {
+  bool composite;  // CompositeImplicitAutograd: decomposes before the mode's key
+  bool view;       // its outputs alias its inputs
+};
+
+struct PerThread {
+  std::unordered_map<const char*, OpKind> kinds;
+  // Dispatcher operators open inside the operator the mode sees (0: none is open).
+  uint32_t inside = 0;
+  // The blocks the allocator reported allocating on this thread since the operator the mode
+  // sees began: the outputs whose frees it will report.
+  std::vector<uint64_t> fresh;
+};
+thread_local PerThread local;
+
+// Storages recorded whose frees the allocator will not report, until they are gone.
+struct Watch {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  uint64_t key;
+  uint64_t watch;
+};
+std::mutex watch_mutex;
+std::vector<Watch> watches;
+std::atomic<size_t> watched{0};
+
+// Tells the storages watched that are gone (their data freed): before an operator begins and
+// before one's outputs are recorded, so that a free comes before what is allocated after it.
+void sweep(const Table* t) {
+  if (watched.load(std::memory_order_relaxed) == 0) return;
+  std::vector<std::pair<uint64_t, uint64_t>> gone;
+  {
+    std::lock_guard<std::mutex> guard(watch_mutex);
+    auto kept = watches.begin();
+    for (auto& w : watches) {
+      if (w.storage.expired()) {
+        gone.emplace_back(w.key, w.watch);
+      } else {
+        *kept++ = std::move(w);
+      }
+    }
+    watches.erase(kept, watches.end());
+    watched.store(watches.size(), std::memory_order_relaxed);
+  }
+  for (const auto& [key, watch] : gone) t->unwatched(t->ctx, key, watch);
+}
 
 std::atomic<const Table*> table{nullptr};
 at::CallbackHandle handle = 0;
@@ -70,7 +133,13 @@ struct Reporter final : torch::profiler::impl::ProfilerStateBase {
 
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device)
       override {
-    if (alloc_size >= 0 || !active.load(std::memory_order_relaxed)) return;
+    if (!active.load(std::memory_order_relaxed)) return;
+    if (alloc_size >= 0) {
+      if (alloc_size > 0 && local.inside > 0) {
+        local.fresh.push_back(reinterpret_cast<uint64_t>(ptr));
+      }
+      return;
+    }
     const Table* t = table.load(std::memory_order_acquire);
     if (t == nullptr) return;
     t->freed(t->ctx, reinterpret_cast<uint64_t>(ptr), static_cast<int32_t>(device.type()),
@@ -88,6 +157,10 @@ std::shared_ptr<Reporter> reporter;
 
 // This thread's reporter is off its debug info while a profiler runs (see `pause`).
 thread_local bool paused = false;
+// This thread entered (see `poolsight_observer_enter`).
+thread_local bool tracks = false;
+// Threads whose reporter stepped aside for a profiler.
+std::atomic<uint32_t> pauses{0};
 
 // Takes the reporter off this thread's debug info when it is the last pushed; whether it was.
 bool pop_reporter() {
@@ -101,12 +174,6 @@ bool pop_reporter() {
   }
   return false;
 }
-
-// What an operator is, learnt once per name (per thread: no lock on the way).
-struct OpKind {
-  bool composite;  // CompositeImplicitAutograd: decomposes before the mode's key
-  bool view;       // its outputs alias its inputs
-};
 
 OpKind learn(const at::RecordFunction& fn) {
   OpKind kind{false, false};
@@ -133,13 +200,6 @@ OpKind learn(const at::RecordFunction& fn) {
   return kind;
 }
 
-struct PerThread {
-  std::unordered_map<const char*, OpKind> kinds;
-  // Dispatcher operators open inside the operator the mode sees (0: none is open).
-  uint32_t inside = 0;
-};
-thread_local PerThread local;
-
 struct Open final : at::ObserverContext {
   explicit Open(uint32_t h, bool v) : handle(h), view(v) {}
   uint32_t handle;
@@ -149,8 +209,13 @@ struct Open final : at::ObserverContext {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const Table* t = table.load(std::memory_order_acquire);
   if (t == nullptr) return nullptr;
-  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != reporter.get()) {
-    // A profiler started inside track() hides the allocator's reports from it.
+  auto* state = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+  if (state != reporter.get()) {
+    // Not a thread that tracks, unless it entered, or works for one that did, while a profiler
+    // started inside track() holds its state (and hides the allocator's reports from it).
+    if (!tracks && (state == nullptr || pauses.load(std::memory_order_relaxed) == 0)) {
+      return nullptr;
+    }
     shadowed.fetch_add(1, std::memory_order_relaxed);
   }
   if (local.inside > 0) {
@@ -163,7 +228,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   auto it = local.kinds.find(name);
   if (it == local.kinds.end()) it = local.kinds.emplace(name, learn(fn)).first;
   if (it->second.composite) return nullptr;
+  sweep(t);
   local.inside = 1;
+  local.fresh.clear();
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   int64_t node = -1;
   if (in_backward) {
@@ -186,9 +253,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   local.inside = 0;
   const Table* t = table.load(std::memory_order_acquire);
   if (t == nullptr || open->handle == 0) return;
+  sweep(t);
   // Ended by an exception unwinding through the dispatcher: a call that raised.
   const bool raised = std::uncaught_exceptions() > 0;
   std::vector<Output> outs;
+  // The outputs whose blocks were not allocated inside the operator, by their index.
+  std::vector<std::pair<size_t, c10::weak_intrusive_ptr<c10::StorageImpl>>> unreported;
   if (!raised) {
     for (const auto& v : fn.outputs()) {
       auto add = [&](const at::Tensor& x) {
@@ -197,9 +267,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
         auto* impl = st.unsafeGetStorageImpl();
         if (impl == nullptr || st.data() == nullptr) return;
         auto dev = st.device();
-        outs.push_back({reinterpret_cast<uint64_t>(impl), reinterpret_cast<uint64_t>(st.data()),
-                        static_cast<uint64_t>(st.nbytes()), static_cast<int32_t>(dev.type()),
-                        dev.index()});
+        const auto ptr = reinterpret_cast<uint64_t>(st.data());
+        bool fresh = false;
+        for (auto p : local.fresh) fresh = fresh || p == ptr;
+        outs.push_back({reinterpret_cast<uint64_t>(impl), ptr, static_cast<uint64_t>(st.nbytes()),
+                        static_cast<int32_t>(dev.type()), dev.index(), fresh ? 1u : 0u, 0, 0});
+        if (!fresh) unreported.emplace_back(outs.size() - 1, st.getWeakStorageImpl());
       };
       if (v.isTensor()) {
         add(v.toTensor());
@@ -213,6 +286,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     }
   }
   t->op_end(t->ctx, open->handle, outs.data(), outs.size(), raised ? 1 : 0);
+  for (auto& [i, storage] : unreported) {
+    if (outs[i].watch == 0) continue;
+    std::lock_guard<std::mutex> guard(watch_mutex);
+    watches.push_back({std::move(storage), outs[i].key, outs[i].watch});
+    watched.store(watches.size(), std::memory_order_relaxed);
+  }
 }
 
 }  // namespace
@@ -235,7 +314,15 @@ int poolsight_observer_install(const Table* t) {
 // Stops calling the table; returns the operator calls seen while a profiler's own state hid
 // the allocator's reports.
 uint64_t poolsight_observer_remove() {
+  // The storages watched that are gone by now are freed in the trace; the rest were live when
+  // tracking ended.
+  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t);
   table.store(nullptr, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> guard(watch_mutex);
+    watches.clear();
+    watched.store(0);
+  }
   return shadowed.exchange(0);
 }
 
@@ -246,7 +333,8 @@ int poolsight_observer_enter() {
   if (!reporter) reporter = std::make_shared<Reporter>();
   reporter->active.store(true);
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
-  handle = at::addThreadLocalCallback(
+  tracks = true;
+  handle = at::addGlobalCallback(
       at::RecordFunctionCallback(on_start, on_end)
           .needsOutputs(true)
           .scopes({at::RecordScope::FUNCTION}));
@@ -261,22 +349,31 @@ void poolsight_observer_exit() {
     at::removeCallback(handle);
     handle = 0;
   }
+  tracks = false;
   if (!reporter) return;
   reporter->active.store(false);
-  if (!paused) pop_reporter();
+  if (paused) {
+    pauses.fetch_sub(1);
+  } else {
+    pop_reporter();
+  }
   paused = false;
 }
 
 // A profiler is about to start on this thread (PyTorch refuses to start one over another
 // profiler state): the reporter steps aside, and the allocator reports to the profiler.
 void poolsight_observer_pause() {
-  if (!paused && pop_reporter()) paused = true;
+  if (!paused && pop_reporter()) {
+    paused = true;
+    pauses.fetch_add(1);
+  }
 }
 
 // The profiler has stopped: the reporter is back.
 void poolsight_observer_resume() {
   if (!paused) return;
   paused = false;
+  pauses.fetch_sub(1);
   if (reporter && c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr) {
     c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
   }

@@ -21,7 +21,7 @@ use poolsight_recorder::{Phase, ScopeToken};
 use super::{lock, Map, OpInfo, Seen, TorchState};
 
 /// The table's layout, as `observer.cpp` reads it (`Table`).
-pub(super) const TABLE_VERSION: u32 = 1;
+pub(super) const TABLE_VERSION: u32 = 2;
 
 #[repr(C)]
 pub(super) struct NativeTable {
@@ -29,8 +29,9 @@ pub(super) struct NativeTable {
     /// The `TorchState` (its address; it outlives the table's use: see `native_table`).
     ctx: usize,
     op_begin: extern "C" fn(*const c_void, *const c_char, u32, u32, i64) -> u32,
-    op_end: extern "C" fn(*const c_void, u32, *const NativeOutput, usize, u32),
+    op_end: extern "C" fn(*const c_void, u32, *mut NativeOutput, usize, u32),
     freed: extern "C" fn(*const c_void, u64, i32, i32),
+    unwatched: extern "C" fn(*const c_void, u64, u64),
 }
 
 /// One output storage of an operator (`Output` in `observer.cpp`).
@@ -42,6 +43,12 @@ pub(super) struct NativeOutput {
     bytes: u64,
     device_type: i32,
     device_index: i32,
+    /// 1: its block was allocated inside the operator, so the allocator reports its free.
+    reported: u32,
+    _pad: u32,
+    /// Set here (nonzero) for a storage recorded whose free the allocator will not report:
+    /// the observer watches it and gives the number back to `unwatched` when it is gone.
+    watch: u64,
 }
 
 /// c10's `DeviceType::CPU` and `CUDA`.
@@ -75,6 +82,7 @@ impl TorchState {
                 op_begin,
                 op_end,
                 freed,
+                unwatched,
             })
         });
         &**t as *const NativeTable as usize
@@ -165,7 +173,8 @@ impl TorchState {
         self.trace_device(key, &name, u32::try_from(index).ok())
     }
 
-    /// Records a storage not seen before, its free to come from the allocator's reports.
+    /// Records a storage not seen before, its free to come from the allocator's report, from
+    /// `watch` (nonzero: the observer watches it) or from `weakref`'s callback.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record_native(
         &self,
@@ -174,19 +183,29 @@ impl TorchState {
         bytes: u64,
         device: u32,
         category: u8,
-        base: u32,
-        outer: u32,
+        (base, outer): (u32, u32),
+        watch: u64,
+        weakref: Option<(usize, Py<PyAny>)>,
     ) {
+        // A block at this address recorded before, whose free nothing told (not expected:
+        // every block is watched or reported), is gone now.
+        let stale = {
+            let mut storages = lock(&self.storages);
+            match storages.by_ptr.insert(ptr, key) {
+                Some(old) if old != key => storages.seen.remove(&old),
+                _ => None,
+            }
+        };
+        if let Some(old) = stale {
+            self.session().observed_free(old.device, old.ptr, old.bytes);
+        }
         self.observed(bytes, ptr, base, category, device);
         self.recorded.fetch_add(1, Relaxed);
         let mut storages = lock(&self.storages);
-        if let Some(old) = storages.by_ptr.insert(ptr, key) {
-            // A block at this address recorded before whose free was not reported (made
-            // before tracking began): it is gone.
-            if old != key {
-                storages.seen.remove(&old);
-            }
-        }
+        let weakref = weakref.map(|(address, w)| {
+            storages.by_weakref.insert(address, key);
+            w
+        });
         storages.seen.insert(
             key,
             Seen {
@@ -195,12 +214,13 @@ impl TorchState {
                 ptr,
                 device,
                 base: outer,
-                _weakref: None,
+                watch,
+                _weakref: weakref,
             },
         );
     }
 
-    fn native_outputs(&self, outputs: &[NativeOutput], op: &OpenOp, base: Option<u32>) {
+    fn native_outputs(&self, outputs: &mut [NativeOutput], op: &OpenOp, base: Option<u32>) {
         let mut category = None;
         let mut base = base;
         for out in outputs {
@@ -210,14 +230,18 @@ impl TorchState {
             let cat = *category.get_or_insert_with(|| self.category(op.view, op.in_backward));
             let b = *base.get_or_insert_with(|| self.native_base(op.in_backward, op.node));
             let device = self.native_device(out.device_type, out.device_index);
+            if out.reported == 0 {
+                out.watch = self.watches.fetch_add(1, Relaxed) + 1;
+            }
             self.record_native(
                 out.key,
                 out.ptr,
                 out.bytes,
                 device,
                 cat,
-                b,
-                op.parent.unwrap_or(b),
+                (b, op.parent.unwrap_or(b)),
+                out.watch,
+                None,
             );
         }
     }
@@ -268,7 +292,7 @@ impl TorchState {
         })
     }
 
-    fn native_end(&self, handle: u32, outputs: &[NativeOutput], raised: bool) {
+    fn native_end(&self, handle: u32, outputs: &mut [NativeOutput], raised: bool) {
         let Some(op) = OPEN.with(|open| {
             let mut open = open.borrow_mut();
             let at = handle as usize;
@@ -304,8 +328,33 @@ impl TorchState {
         let entry = {
             let mut storages = lock(&self.storages);
             match storages.by_ptr.remove(&ptr) {
-                Some(key) => storages.seen.remove(&key),
-                None => None,
+                Some(key) if storages.seen.get(&key).is_some_and(|s| s.ptr == ptr) => {
+                    storages.seen.remove(&key)
+                }
+                _ => None,
+            }
+        };
+        if let Some(seen) = entry {
+            self.session()
+                .observed_free(seen.device, seen.ptr, seen.bytes);
+        }
+    }
+
+    /// A storage watched since `native_outputs` asked (`watch`) is gone, unless the
+    /// allocator's report or a weakref told its free first.
+    fn native_unwatched(&self, key: u64, watch: u64) {
+        let entry = {
+            let mut storages = lock(&self.storages);
+            if storages.seen.get(&key).is_some_and(|s| s.watch == watch) {
+                let seen = storages.seen.remove(&key);
+                if let Some(s) = &seen {
+                    if storages.by_ptr.get(&s.ptr) == Some(&key) {
+                        storages.by_ptr.remove(&s.ptr);
+                    }
+                }
+                seen
+            } else {
+                None
             }
         };
         if let Some(seen) = entry {
@@ -341,16 +390,16 @@ extern "C" fn op_begin(
 extern "C" fn op_end(
     ctx: *const c_void,
     handle: u32,
-    outputs: *const NativeOutput,
+    outputs: *mut NativeOutput,
     n: usize,
     raised: u32,
 ) {
-    // SAFETY: see `state`; `outputs` holds `n` outputs for the length of the call.
+    // SAFETY: see `state`; `outputs` holds `n` outputs, this call's alone, for its length.
     let this = unsafe { state(ctx) };
     let outputs = if n == 0 || outputs.is_null() {
-        &[][..]
+        &mut [][..]
     } else {
-        unsafe { std::slice::from_raw_parts(outputs, n) }
+        unsafe { std::slice::from_raw_parts_mut(outputs, n) }
     };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         this.native_end(handle, outputs, raised != 0)
@@ -361,4 +410,12 @@ extern "C" fn freed(ctx: *const c_void, ptr: u64, _device_type: i32, _device_ind
     // SAFETY: see `state`.
     let this = unsafe { state(ctx) };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr)));
+}
+
+extern "C" fn unwatched(ctx: *const c_void, key: u64, watch: u64) {
+    // SAFETY: see `state`.
+    let this = unsafe { state(ctx) };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        this.native_unwatched(key, watch)
+    }));
 }

@@ -26,10 +26,16 @@ impl Gone {
     fn __call__(&self, weakref: &Bound<'_, PyAny>) {
         let entry = {
             let mut storages = lock(&self.storages);
-            storages
-                .by_weakref
-                .remove(&(weakref.as_ptr() as usize))
-                .and_then(|key| storages.seen.remove(&key))
+            let key = storages.by_weakref.remove(&(weakref.as_ptr() as usize));
+            let seen = key.and_then(|key| storages.seen.remove(&key));
+            // Under the native observer the allocator may report the same free: it finds it
+            // told.
+            if let (Some(key), Some(s)) = (key, &seen) {
+                if storages.by_ptr.get(&s.ptr) == Some(&key) {
+                    storages.by_ptr.remove(&s.ptr);
+                }
+            }
+            seen
         };
         if let Some(seen) = entry {
             self.session
@@ -138,14 +144,17 @@ impl TorchState {
         let py = slf.py();
         let this = slf.get();
         let device = this.device(py, t)?;
+        let weakref = PyWeakrefReference::new_with(st, this.gone.bind(py))?;
+        let wkey = weakref.as_ptr() as usize;
         if this.native.load(Relaxed) {
-            this.record_native(key, ptr, bytes, device, category, base, outer);
+            // Made before tracking began, as a rule (what operators make is recorded as their
+            // output): the allocator may never report its free, the weakref will.
+            let weakref = Some((wkey, weakref.into_any().unbind()));
+            this.record_native(key, ptr, bytes, device, category, (base, outer), 0, weakref);
             return Ok(());
         }
         this.observed(bytes, ptr, base, category, device);
         this.recorded.fetch_add(1, Relaxed);
-        let weakref = PyWeakrefReference::new_with(st, this.gone.bind(py))?;
-        let wkey = weakref.as_ptr() as usize;
         let mut storages = lock(&this.storages);
         storages.by_weakref.insert(wkey, key);
         storages.seen.insert(
@@ -156,6 +165,7 @@ impl TorchState {
                 ptr,
                 device,
                 base: outer,
+                watch: 0,
                 _weakref: Some(weakref.into_any().unbind()),
             },
         );
