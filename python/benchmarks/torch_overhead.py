@@ -263,6 +263,14 @@ def main() -> None:
         def med(n: str, i: int) -> float:
             return statistics.median(run[i] for run in runs[n])
 
+        def paired(n: str) -> float:
+            # Each repeat's CPU time over the plain run's of the same repeat (run beside it):
+            # the median of those ratios follows the machine's drift less than a ratio of
+            # medians.
+            return statistics.median(
+                mine[0] / plain[0] for mine, plain in zip(runs[n], runs["plain"])
+            )
+
         base, base_first = med("plain", 0), med("plain", 1)
         ops = operators(args.steps, args.epochs)
         later = args.epochs > 1
@@ -274,7 +282,8 @@ def main() -> None:
         )
         print(
             f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
-            f"{'x plain (CPU)':>14} {'epoch 1':>8}{later_head} {'once s':>8} {'us/op':>7}"
+            f"{'x plain (CPU)':>14} {'paired':>7} {'epoch 1':>8}{later_head} {'once s':>8} "
+            f"{'us/op':>7}"
         )
         for n in names:
             c, first, t, w, o = (med(n, i) for i in range(5))
@@ -282,11 +291,12 @@ def main() -> None:
             if later:
                 rest = f"{(c - first) / (base - base_first):>9.2f}"
             print(
-                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} "
+                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} {paired(n):>7.3f} "
                 f"{first / base_first:>8.2f}{rest} {o:>8.3f} {(c - base) / ops * 1e6:>+7.2f}"
             )
         print(
-            "x plain: the run's CPU time against the plain run's; epoch 1: its first epoch's "
+            "x plain: the run's CPU time against the plain run's (medians); paired: the median "
+            "of each repeat's ratio to the plain run beside it; epoch 1: its first epoch's "
             "alone (the recording's first sight of every stack and tensor)"
             + ("; later: the other epochs'" if later else "")
         )

@@ -223,10 +223,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     local.inside++;
     return nullptr;
   }
-  if (!fn.operator_name().has_value()) return nullptr;  // not a dispatcher operator
   const char* name = fn.name();
   auto it = local.kinds.find(name);
-  if (it == local.kinds.end()) it = local.kinds.emplace(name, learn(fn)).first;
+  if (it == local.kinds.end()) {
+    // A dispatcher operator's name lives as long as the dispatcher: its address is its key,
+    // and no other name shares it. Other names (not operators) are not kept, and asked anew
+    // (`operator_name` copies the name: not on every operator's way).
+    if (!fn.operator_name().has_value()) return nullptr;
+    it = local.kinds.emplace(name, learn(fn)).first;
+  }
   if (it->second.composite) return nullptr;
   sweep(t);
   local.inside = 1;
