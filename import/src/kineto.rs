@@ -24,16 +24,31 @@ use crate::frames::FrameFilter;
 use crate::infer;
 use crate::ImportError;
 
+/// A profiler trace as `export_chrome_trace` writes it: an object with `traceEvents`. (Chrome's
+/// trace format also allows a bare list of events, read by [`parse`].)
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum File<'a> {
-    Object {
-        #[serde(rename = "traceEvents", borrow)]
-        events: Vec<Event<'a>>,
-        #[serde(rename = "baseTimeNanoseconds", default)]
-        base_ns: Option<u64>,
-    },
-    List(#[serde(borrow)] Vec<Event<'a>>),
+struct File<'a> {
+    #[serde(rename = "traceEvents", borrow)]
+    events: Vec<Event<'a>>,
+    #[serde(rename = "baseTimeNanoseconds", default)]
+    base_ns: Option<u64>,
+}
+
+/// The events and base time of a trace. The form is chosen by the first character, so that a
+/// damaged file gets the error of the form it has (`invalid type: integer, expected a
+/// sequence at line 1 column 18`), not serde's word that it matched neither.
+fn parse(data: &[u8]) -> Result<(Vec<Event<'_>>, Option<u64>), ImportError> {
+    let bad = |e: serde_json::Error| ImportError::NotProfile(e.to_string());
+    match data.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {
+            let file: File<'_> = serde_json::from_slice(data).map_err(bad)?;
+            Ok((file.events, file.base_ns))
+        }
+        Some(b'[') => Ok((serde_json::from_slice(data).map_err(bad)?, None)),
+        _ => Err(ImportError::NotProfile(
+            "expected a JSON object with \"traceEvents\" (or a list of trace events)".into(),
+        )),
+    }
 }
 
 #[derive(Deserialize)]
@@ -102,12 +117,7 @@ pub fn convert_with(
     filter: FrameFilter,
     categories: &[Category],
 ) -> Result<Events, ImportError> {
-    let file: File<'_> =
-        serde_json::from_slice(data).map_err(|e| ImportError::NotProfile(e.to_string()))?;
-    let (events, base_ns) = match file {
-        File::Object { events, base_ns } => (events, base_ns),
-        File::List(events) => (events, None),
-    };
+    let (events, base_ns) = parse(data)?;
     let mut ev = Events::new(filter);
     ev.entries = events.len() as u64;
     let t0 = events
@@ -483,6 +493,38 @@ mod tests {
             // Two allocations (a malloc and its acquire each) and one free (and its release):
             // no block live from the start.
             assert_eq!(ev.len(), 6, "tids {made} -> {freed}");
+        }
+    }
+
+    /// A damaged trace is told what is wrong where, in the form it has.
+    #[test]
+    fn a_damaged_trace_says_what_is_wrong_where() {
+        let message = |json: &str| match convert(json.as_bytes(), FrameFilter::Viewer) {
+            Err(ImportError::NotProfile(m)) => m,
+            Err(e) => panic!("{json}: another error: {e}"),
+            Ok(_) => panic!("{json}: read"),
+        };
+        let m = message(r#"{"traceEvents": 5}"#);
+        assert!(
+            m.contains("expected a sequence") && m.contains("column 17"),
+            "{m}"
+        );
+        let m = message(r#"{"displayTimeUnit": "ms"}"#);
+        assert!(m.contains("missing field `traceEvents`"), "{m}");
+        let m = message(r#"[{"ph": 3}]"#);
+        assert!(m.contains("invalid type: integer `3`"), "{m}");
+        let m = message("  42");
+        assert!(m.contains("a JSON object with \"traceEvents\""), "{m}");
+        // Both forms still read.
+        let event = r#"{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10.0, "args": {"Bytes": 1000, "Addr": 4096, "Device Type": 1, "Device Id": 0}}"#;
+        for json in [
+            format!(r#"{{"traceEvents": [{event}]}}"#),
+            format!("[{event}]"),
+        ] {
+            assert!(
+                convert(json.as_bytes(), FrameFilter::Viewer).is_ok(),
+                "{json}"
+            );
         }
     }
 
