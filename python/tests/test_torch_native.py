@@ -144,6 +144,26 @@ def test_data_made_before_tracking_and_freed_inside_it_is_freed_in_the_trace(
     assert cats["input"]["max_bytes"] == 8_000_000
 
 
+def test_many_storages_made_before_tracking_are_freed_without_a_sweep_of_all_per_operator(
+    native, tmp_path
+):
+    # A thousand tensors made before, each seen through a view: the observer watches them all,
+    # looking at a few per operator (so that an operator does not pay for all of them).
+    trace = tmp_path / "many.pstrace"
+    data = [torch.randn(1024) for _ in range(1000)]  # 4,096,000 bytes
+    with poolsight.record(trace), pst.track(backend="native"):
+        views = [d.view(-1) for d in data]
+        del views, data
+        a = torch.zeros(64)  # 256 bytes
+        for _ in range(100):
+            a = a + 1
+        big = torch.zeros(2_000_000)  # 8,000,000 bytes, once the thousand are gone
+        del big
+    cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
+    assert cats["input"]["at_end_bytes"] == 256  # `a` alone
+    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
+
+
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_operators_of_a_thread_that_does_not_track_are_not_recorded(native, tmp_path, backend):
     import threading

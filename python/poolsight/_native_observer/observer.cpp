@@ -29,6 +29,7 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -96,22 +97,33 @@ std::mutex watch_mutex;
 std::vector<Watch> watches;
 std::atomic<size_t> watched{0};
 
+// How many watched storages one sweep looks at, at most: with more watched (thousands of
+// tensors made before tracking, each seen through a view), a sweep per operator would cost
+// more than the operator. Past it, a free is told up to watched / kSweepBatch sweeps late.
+constexpr size_t kSweepBatch = 32;
+// Where the next sweep begins (guarded by `watch_mutex`).
+size_t sweep_at = 0;
+
 // Tells the storages watched that are gone (their data freed): before an operator begins and
 // before one's outputs are recorded, so that a free comes before what is allocated after it.
-void sweep(const Table* t) {
+// `all`: every storage watched (when tracking ends), else the next kSweepBatch of them.
+void sweep(const Table* t, bool all = false) {
   if (watched.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::pair<uint64_t, uint64_t>> gone;
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
-    auto kept = watches.begin();
-    for (auto& w : watches) {
+    const size_t todo = all ? watches.size() : std::min(watches.size(), kSweepBatch);
+    for (size_t k = 0; k < todo && !watches.empty(); k++) {
+      if (sweep_at >= watches.size()) sweep_at = 0;
+      auto& w = watches[sweep_at];
       if (w.storage.expired()) {
         gone.emplace_back(w.key, w.watch);
+        w = std::move(watches.back());
+        watches.pop_back();
       } else {
-        *kept++ = std::move(w);
+        sweep_at++;
       }
     }
-    watches.erase(kept, watches.end());
     watched.store(watches.size(), std::memory_order_relaxed);
   }
   for (const auto& [key, watch] : gone) t->unwatched(t->ctx, key, watch);
@@ -321,12 +333,13 @@ int poolsight_observer_install(const Table* t) {
 uint64_t poolsight_observer_remove() {
   // The storages watched that are gone by now are freed in the trace; the rest were live when
   // tracking ended.
-  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t);
+  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true);
   table.store(nullptr, std::memory_order_release);
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
     watches.clear();
     watched.store(0);
+    sweep_at = 0;
   }
   return shadowed.exchange(0);
 }
