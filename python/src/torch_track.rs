@@ -151,6 +151,19 @@ struct Storages {
     labelled: Map<(u32, u8), u32>,
 }
 
+impl Storages {
+    /// Takes storage `key` out of what is seen, with its address (when that is still its):
+    /// its free told, by whichever of the allocator, the observer's watch or a weakref tells
+    /// it first.
+    fn forget(&mut self, key: u64) -> Option<Seen> {
+        let seen = self.seen.remove(&key)?;
+        if self.by_ptr.get(&seen.ptr) == Some(&key) {
+            self.by_ptr.remove(&seen.ptr);
+        }
+        Some(seen)
+    }
+}
+
 /// Module forwards open on one thread (any module), and those run again inside backward
 /// (activation checkpointing's recomputation), per `TorchState` (by its `id`). A thread holds
 /// an entry only while one of them is open, so the list stays as short as the recordings

@@ -274,8 +274,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   // Ended by an exception unwinding through the dispatcher: a call that raised.
   const bool raised = std::uncaught_exceptions() > 0;
   std::vector<Output> outs;
-  // The outputs whose blocks were not allocated inside the operator, by their index.
-  std::vector<std::pair<size_t, c10::weak_intrusive_ptr<c10::StorageImpl>>> unreported;
+  // The storages of the outputs (alive through `fn.outputs()` until this returns).
+  std::vector<c10::StorageImpl*> impls;
   if (!raised) {
     for (const auto& v : fn.outputs()) {
       auto add = [&](const at::Tensor& x) {
@@ -289,7 +289,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
         for (auto p : local.fresh) fresh = fresh || p == ptr;
         outs.push_back({reinterpret_cast<uint64_t>(impl), ptr, static_cast<uint64_t>(st.nbytes()),
                         static_cast<int32_t>(dev.type()), dev.index(), fresh ? 1u : 0u, 0, 0});
-        if (!fresh) unreported.emplace_back(outs.size() - 1, st.getWeakStorageImpl());
+        impls.push_back(impl);
       };
       if (v.isTensor()) {
         add(v.toTensor());
@@ -303,10 +303,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     }
   }
   t->op_end(t->ctx, open->handle, outs.data(), outs.size(), raised ? 1 : 0);
-  for (auto& [i, storage] : unreported) {
+  for (size_t i = 0; i < outs.size(); i++) {
     if (outs[i].watch == 0) continue;
+    // A weak reference only for those watched (an in-place operator's output, seen before,
+    // takes none).
+    auto strong = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
     std::lock_guard<std::mutex> guard(watch_mutex);
-    watches.push_back({std::move(storage), outs[i].key, outs[i].watch});
+    watches.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(strong), outs[i].key,
+                       outs[i].watch});
     watched.store(watches.size(), std::memory_order_relaxed);
   }
 }

@@ -346,13 +346,7 @@ impl TorchState {
         let entry = {
             let mut storages = lock(&self.storages);
             if storages.seen.get(&key).is_some_and(|s| s.watch == watch) {
-                let seen = storages.seen.remove(&key);
-                if let Some(s) = &seen {
-                    if storages.by_ptr.get(&s.ptr) == Some(&key) {
-                        storages.by_ptr.remove(&s.ptr);
-                    }
-                }
-                seen
+                storages.forget(key)
             } else {
                 None
             }

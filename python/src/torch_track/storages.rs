@@ -26,16 +26,10 @@ impl Gone {
     fn __call__(&self, weakref: &Bound<'_, PyAny>) {
         let entry = {
             let mut storages = lock(&self.storages);
-            let key = storages.by_weakref.remove(&(weakref.as_ptr() as usize));
-            let seen = key.and_then(|key| storages.seen.remove(&key));
             // Under the native observer the allocator may report the same free: it finds it
             // told.
-            if let (Some(key), Some(s)) = (key, &seen) {
-                if storages.by_ptr.get(&s.ptr) == Some(&key) {
-                    storages.by_ptr.remove(&s.ptr);
-                }
-            }
-            seen
+            let key = storages.by_weakref.remove(&(weakref.as_ptr() as usize));
+            key.and_then(|key| storages.forget(key))
         };
         if let Some(seen) = entry {
             self.session
