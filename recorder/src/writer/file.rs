@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use memmap2::{MmapOptions, MmapRaw};
 use poolsight_schema::lock::{self, Taken};
 
-use super::prepare::{Populate, Signal, AHEAD};
+use super::prepare::{ahead, Populate, Signal, AHEAD};
 use crate::RecorderError;
 
 const CLOSED: u64 = 1 << 63;
@@ -205,6 +205,12 @@ impl MappedFile {
         };
     }
 
+    /// The bytes reserved in the bump region so far.
+    #[cfg(test)]
+    pub(crate) fn written(&self) -> u64 {
+        self.bump.load(Ordering::Relaxed) & !CLOSED
+    }
+
     pub fn has_failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
     }
@@ -223,7 +229,7 @@ impl MappedFile {
             return None;
         }
         let end = offset + len;
-        if end + AHEAD / 2 > self.prepared.load(Ordering::Relaxed) {
+        if end + ahead(end) / 2 > self.prepared.load(Ordering::Relaxed) {
             self.signal.wake();
         }
         if end > self.committed.load(Ordering::Acquire) && !self.grow_to(end) {
@@ -318,7 +324,7 @@ impl MappedFile {
     }
 
     /// One round of the preparer (prepare.rs): in ring mode, faults in the [`Ring::ahead`]
-    /// slots past the cursor; then allocates the bump region up to [`AHEAD`] bytes past the
+    /// slots past the cursor; then allocates the bump region up to [`ahead`] bytes past the
     /// bump counter, never past the size cap, and faults those pages in. Pages a writer already
     /// went past are skipped.
     pub(crate) fn prepare_ahead(&self, populate: &mut Populate, stop: &dyn Fn() -> bool) {
@@ -349,7 +355,7 @@ impl MappedFile {
         if bump & CLOSED != 0 {
             return;
         }
-        let want = (bump + AHEAD).min(self.max_bytes);
+        let want = (bump + ahead(bump)).min(self.max_bytes);
         let committed = self.allocate_ahead(bump);
         // The page holding the end of the file may be faulted in whole.
         let to = want.min(committed).next_multiple_of(page);
@@ -376,7 +382,7 @@ impl MappedFile {
         }
     }
 
-    /// Keeps the file allocated at least `2 x AHEAD` past `bump`, growing it by the doubling
+    /// Keeps the file allocated at least `2 x ahead(bump)` past `bump`, growing it by the doubling
     /// step (never past the cap) unless it was closed or failed; returns the committed length.
     /// Allocating twice as far as pages are faulted in means that while `posix_fallocate` runs
     /// (it can hold the file's locks for milliseconds), writers still have prepared pages to
@@ -384,7 +390,7 @@ impl MappedFile {
     /// the space, which reports them.
     fn allocate_ahead(&self, bump: u64) -> u64 {
         let committed = self.committed.load(Ordering::Acquire);
-        if committed >= (bump + 2 * AHEAD).min(self.max_bytes) {
+        if committed >= (bump + 2 * ahead(bump)).min(self.max_bytes) {
             return committed;
         }
         let mut step = match self.grow_step.lock() {
@@ -396,7 +402,7 @@ impl MappedFile {
         // CLOSED is seen here; the file never grows after it was trimmed.
         if self.bump.load(Ordering::Relaxed) & CLOSED == 0 && !self.has_failed() {
             let committed = self.committed.load(Ordering::Acquire);
-            let target = (bump + 2 * AHEAD)
+            let target = (bump + 2 * ahead(bump))
                 .max(committed + *step)
                 .min(self.max_bytes);
             if self.allocate(target).is_ok() {

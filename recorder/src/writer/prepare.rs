@@ -7,10 +7,15 @@
 //! grow mode every event chunk is made of fresh pages. Growing the file (`posix_fallocate`) is
 //! a syscall too. So one thread per recorder does both ahead of time, off the recording threads:
 //!
-//! - the bump region: it allocates the file up to twice [`AHEAD`] bytes past the bump counter
-//!   (never past the size cap, `max_bytes` or `RLIMIT_FSIZE`) and faults the first [`AHEAD`]
+//! - the bump region: it allocates the file up to twice [`ahead`] bytes past the bump counter
+//!   (never past the size cap, `max_bytes` or `RLIMIT_FSIZE`) and faults the first [`ahead`]
 //!   bytes of it in for writing (`MADV_POPULATE_WRITE`: the kernel does exactly what a write
-//!   fault does, content unchanged);
+//!   fault does, content unchanged). How far ahead grows with what was written: [`MIN_AHEAD`]
+//!   at first, as far as the file already holds after that, [`AHEAD`] at most. A recording
+//!   that writes a few hundred kilobytes (a short run, a test) so never makes the kernel zero
+//!   16 MiB of pages it will not use (about 8 ms of a core at the start of every recording,
+//!   and the page cache they take until the trim at finish), while a fast writer doubles the
+//!   distance with every doubling of the file;
 //! - in ring mode, the next slots after the ring cursor, [`AHEAD`] bytes of them: faulted in on
 //!   the first lap, and made writable again on later laps after writeback cleaned them.
 //!
@@ -57,6 +62,18 @@ use super::file::MappedFile;
 /// fastest, about 2 GB/s, 16 MiB is 8 ms of recording: enough to ride out the preparer being
 /// descheduled, small next to the page cache a trace fills anyway.
 pub(crate) const AHEAD: u64 = 16 << 20;
+
+/// How far ahead a file that holds little yet is prepared: 256 pages, about half a millisecond
+/// of the kernel's work.
+pub(crate) const MIN_AHEAD: u64 = 1 << 20;
+
+/// How far past `bump` (the bytes written so far) the bump region is prepared: as far as the
+/// file already holds, rounded up to a power of two, between [`MIN_AHEAD`] and [`AHEAD`].
+pub(crate) fn ahead(bump: u64) -> u64 {
+    bump.checked_next_power_of_two()
+        .unwrap_or(AHEAD)
+        .clamp(MIN_AHEAD, AHEAD)
+}
 
 /// Pages are faulted in by pieces of this size, so that progress is published often, a stop is
 /// noticed quickly, and a writer that overtook the preparer is noticed before the two fault the
@@ -251,13 +268,72 @@ mod tests {
         ok()
     }
 
+    /// The bytes of `p`'s pages held in the page cache (faulted in, or written).
+    fn resident(p: &std::path::Path) -> u64 {
+        let file = std::fs::File::open(p).expect("open");
+        let bytes = len(p) as usize;
+        // SAFETY: a read-only mapping of a file we opened, only passed to mincore and unmapped
+        // here; nothing reads through it.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            let at = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(at, libc::MAP_FAILED);
+            let page = crate::cpu::page_size() as usize;
+            let mut vec = vec![0u8; bytes.div_ceil(page)];
+            assert_eq!(libc::mincore(at, bytes, vec.as_mut_ptr()), 0);
+            libc::munmap(at, bytes);
+            (vec.iter().filter(|&&v| v & 1 != 0).count() * page) as u64
+        }
+    }
+
+    #[test]
+    fn how_far_ahead_grows_with_the_file() {
+        use super::{ahead, AHEAD, MIN_AHEAD};
+        assert_eq!(ahead(0), MIN_AHEAD);
+        assert_eq!(ahead(300 << 10), MIN_AHEAD);
+        assert_eq!(ahead((3 << 20) + 1), 4 << 20);
+        assert_eq!(ahead(AHEAD), AHEAD);
+        assert_eq!(ahead(u64::MAX / 2 + 7), AHEAD);
+    }
+
     #[test]
     fn the_file_is_allocated_ahead_of_the_writers() {
         let p = path("ahead");
         let rec = Recorder::create(&p, RecorderConfig::default()).expect("create");
         assert!(
-            eventually(|| len(&p) >= 2 * super::AHEAD),
+            eventually(|| len(&p) >= 2 * super::MIN_AHEAD),
             "the file was not grown ahead: {} bytes",
+            len(&p)
+        );
+        // A recording that has written little has little faulted in ahead of it: the kernel
+        // may hold whole large folios of what was allocated, but not the 32 MiB (2 x AHEAD)
+        // that every start allocated and held before.
+        std::thread::sleep(Duration::from_millis(50));
+        let early = resident(&p);
+        assert!(
+            early < super::AHEAD,
+            "{early} bytes faulted in before anything was written ({} reserved)",
+            rec.handle().shared.file.written()
+        );
+        // One that writes much is prepared AHEAD past what it wrote.
+        let handle = rec.handle();
+        let record = crate::MemRecord::new(crate::MemKind::AllocPost, 0, 0);
+        let mut n = 0;
+        while handle.shared.file.written() < 2 * super::AHEAD && n < 10_000_000 {
+            handle.record_mem(record);
+            n += 1;
+        }
+        let written = handle.shared.file.written();
+        assert!(
+            eventually(|| len(&p) >= written + super::AHEAD),
+            "the file was not grown ahead: {} bytes, {written} written",
             len(&p)
         );
         let summary = rec.finish().expect("finish");
@@ -276,6 +352,12 @@ mod tests {
             ..RecorderConfig::default()
         };
         let rec = Recorder::create(&p, config).expect("create");
+        // Written to past half the cap: the preparer wants more than the cap leaves.
+        let handle = rec.handle();
+        let record = crate::MemRecord::new(crate::MemKind::AllocPost, 0, 0);
+        while handle.shared.file.written() < cap / 2 {
+            handle.record_mem(record);
+        }
         assert!(eventually(|| len(&p) == cap), "{} bytes", len(&p));
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(len(&p), cap, "never past max_bytes");
