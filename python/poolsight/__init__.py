@@ -313,7 +313,13 @@ class Recording:
         target = self._pack if pack is None else _pack_target(self._live, pack)
         if self in _active:
             _active.remove(self)
-        return self._native.finish(pack=target, level=self._pack_level)
+        try:
+            return self._native.finish(pack=target, level=self._pack_level)
+        finally:
+            if self._torch is not None and self.closed:
+                # Tensors that outlive the recording (a model's parameters) no longer carry
+                # weakrefs of poolsight's.
+                self._torch.hot.release()
 
     def __enter__(self) -> Recording:
         return self

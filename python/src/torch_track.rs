@@ -467,6 +467,14 @@ impl TorchState {
 
 #[pymethods]
 impl TorchState {
+    /// The recording finished: nothing more can be recorded, so the weakrefs on the storages
+    /// still alive are let go (a model kept after its recording no longer carries them), with
+    /// all that is known of storages.
+    fn release(&self) {
+        let known = std::mem::take(&mut *lock(&self.storages));
+        drop(known);
+    }
+
     /// What it keeps of Python's, for the garbage collector: the Python `_State` keeps this
     /// object and this keeps it.
     fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
@@ -505,8 +513,8 @@ impl TorchState {
         let gone = Py::new(
             py,
             Gone {
-                session: recorder.get().session.clone(),
-                storages: storages.clone(),
+                session: Arc::downgrade(&recorder.get().session),
+                storages: Arc::downgrade(&storages),
             },
         )?;
         Ok(TorchState {

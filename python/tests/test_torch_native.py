@@ -164,6 +164,43 @@ def test_many_storages_made_before_tracking_are_freed_without_a_sweep_of_all_per
     assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
 
 
+def mapped(path) -> bool:
+    """Whether this process still maps the file at ``path`` (Linux's /proc)."""
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(str(path)) for line in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_model_that_outlives_its_recordings_keeps_none_of_them(native, tmp_path, backend):
+    # A model kept across recordings (a notebook, a test session's fixture): its parameters,
+    # recorded by each, kept each recording's file mapped (a terabyte of address space: a
+    # few hundred recordings of one model and the next one failed) as long as they lived.
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    for i in range(3):
+        trace = tmp_path / f"{backend}-{i}.pstrace"
+        with poolsight.record(trace) as rec:
+            with pst.track(model, opt, backend=backend):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+        # The recording kept, finished: the tensors it saw carry nothing of it.
+        assert weakref.getweakrefcount(model[0].weight.untyped_storage()) == 0
+        storages = [p.grad.untyped_storage() for p in model.parameters()]
+        assert all(weakref.getweakrefcount(s) == 0 for s in storages)
+        del storages
+        del rec
+        gc.collect()
+        assert not mapped(trace), f"recording {i} is still mapped after it was let go"
+        assert report_json("categories", trace)["peak_used_bytes"] > 0
+
+
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_operators_of_a_thread_that_does_not_track_are_not_recorded(native, tmp_path, backend):
     import threading

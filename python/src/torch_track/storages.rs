@@ -5,7 +5,7 @@
 //! callback ([`Gone`]) or, under the native observer, by the allocator's report.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, Weak};
 
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::intern;
@@ -15,25 +15,35 @@ use pyo3::types::{PyList, PyTuple, PyWeakrefReference};
 use super::{lock, Seen, Storages, TorchState, CATEGORIES};
 
 /// The callback of the weakrefs on recorded storages: a storage was collected, its free.
+///
+/// It holds the recording and the storages weakly. The storages hold the weakrefs, and a
+/// weakref holds its callback: strong references here would be a cycle through Python objects
+/// that the garbage collector cannot see, and every tensor recorded that outlives its
+/// recording (a model's parameters) would keep the recording's file mapped (a terabyte of
+/// address space each, so that a process making a few hundred recordings of one model ran out
+/// of it).
 #[pyclass(module = "poolsight._native", frozen)]
 pub struct Gone {
-    pub(super) session: Arc<poolsight_capi::Session>,
-    pub(super) storages: Arc<Mutex<Storages>>,
+    pub(super) session: Weak<poolsight_capi::Session>,
+    pub(super) storages: Weak<Mutex<Storages>>,
 }
 
 #[pymethods]
 impl Gone {
     fn __call__(&self, weakref: &Bound<'_, PyAny>) {
+        let (Some(session), Some(storages)) = (self.session.upgrade(), self.storages.upgrade())
+        else {
+            return;
+        };
         let entry = {
-            let mut storages = lock(&self.storages);
+            let mut storages = lock(&storages);
             // Under the native observer the allocator may report the same free: it finds it
             // told.
             let key = storages.by_weakref.remove(&(weakref.as_ptr() as usize));
             key.and_then(|key| storages.forget(key))
         };
         if let Some(seen) = entry {
-            self.session
-                .observed_free(seen.device, seen.ptr, seen.bytes);
+            session.observed_free(seen.device, seen.ptr, seen.bytes);
         }
     }
 }
