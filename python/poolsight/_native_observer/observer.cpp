@@ -24,6 +24,8 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Logging.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -315,6 +317,23 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
 }
 
+// PyTorch's CPU allocator warns, at the first free of a block it has no size for while memory
+// is reported (and at every 1,000th after it), that the block "was allocated before the
+// profiling started": under `track()` that is data made before tracking, which the observer
+// handles (see `Watch`), and the warning names a profiler the user never started. Its count
+// is taken past that first warning once per process, with the warning held back: a free of an
+// address the allocator never gave (nothing is freed; only its count and the log see it).
+void quiet_cpu_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const int level = FLAGS_caffe2_log_level;
+    FLAGS_caffe2_log_level = std::max(level, 2);  // errors only, for this one call
+    static char never_allocated;
+    c10::profiledCPUMemoryReporter().Delete(&never_allocated);
+    FLAGS_caffe2_log_level = level;
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -355,6 +374,7 @@ int poolsight_observer_enter() {
   if (!reporter) reporter = std::make_shared<Reporter>();
   reporter->active.store(true);
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
+  quiet_cpu_allocator();
   tracks = true;
   handle = at::addGlobalCallback(
       at::RecordFunctionCallback(on_start, on_end)
