@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use poolsight::analyzer::diff::{self, Figures, Rule, ShowOptions};
+use poolsight::analyzer::diff::{self, Figures, Keys, Rule, ShowOptions};
 use poolsight::analyzer::load::incomplete;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
@@ -162,11 +162,14 @@ struct Whatif<'a> {
     capacity: Option<u64>,
 }
 
+/// The figures of each run at `paths`, their keys held in `keys` (once for every run of
+/// both sides).
 fn figures(
     paths: &[PathBuf],
     keep_first: bool,
     r: &Reading,
     model: Option<&Whatif>,
+    keys: &Keys,
 ) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
@@ -185,7 +188,7 @@ fn figures(
         let mut loaded = r.load_inputs(&inputs, replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
-        let mut f = Figures::of(&Report::compute(&profile, &opts));
+        let mut f = Figures::sharing(&Report::compute(&profile, &opts), keys);
         if let Some(m) = model {
             let recorded = inputs.recorded_of(&trace);
             let w = whatif::figures::figures(&trace, &recorded, m.setting, m.capacity);
@@ -223,8 +226,9 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
         setting: args.new_setting.as_ref().or(args.setting.as_ref()),
         capacity: args.capacity,
     };
-    let base_side = figures(base_paths, keep, r, whatif.then_some(&base_model))?;
-    let new_side = figures(new_paths, keep, r, whatif.then_some(&new_model))?;
+    let keys = Keys::default();
+    let base_side = figures(base_paths, keep, r, whatif.then_some(&base_model), &keys)?;
+    let new_side = figures(new_paths, keep, r, whatif.then_some(&new_model), &keys)?;
     let partial: Vec<String> = [("base", &base_side.partial), ("new", &new_side.partial)]
         .iter()
         .filter_map(|(side, p)| p.as_ref().map(|p| format!("{side} run is partial: {p}")))

@@ -2,6 +2,7 @@
 //! the rules checked against every row.
 
 use std::cmp::Ordering;
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 use serde::{Serialize, Serializer};
@@ -13,7 +14,9 @@ use crate::tables::{diff_keys, Figure, Figures, Quantity, Section};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
     pub section: Section,
-    pub key: String,
+    /// Held once for every run and row that has it (see [`crate::tables::Keys`]).
+    #[serde(serialize_with = "as_str")]
+    pub key: Arc<str>,
     #[serde(skip)]
     pub quantity: Quantity,
     pub base: Option<i64>,
@@ -23,6 +26,10 @@ pub struct Row {
     /// The delta in percent of the base; `None` when the base is missing or 0 and the new
     /// value is not (an infinite change).
     pub delta_pct: Option<f64>,
+}
+
+fn as_str<S: Serializer>(key: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(key)
 }
 
 impl Row {
@@ -144,11 +151,11 @@ fn display_order(a: &Row, b: &Row) -> Ordering {
 /// Compares the runs of two sides and checks the rules against every row, shown or not.
 pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
     let most = base.iter().chain(new).map(|r| r.by_key.len()).max();
-    let mut kinds: FxHashMap<&str, Figure> =
+    let mut kinds: FxHashMap<&Arc<str>, Figure> =
         FxHashMap::with_capacity_and_hasher(most.unwrap_or(0), Default::default());
     for run in base.iter().chain(new) {
         for (k, f) in &run.by_key {
-            kinds.entry(k.as_str()).or_insert(*f);
+            kinds.entry(k).or_insert(*f);
         }
     }
     let mut rows: Vec<Row> = kinds
@@ -158,7 +165,7 @@ pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
             let (b0, n0) = (b.unwrap_or(0), n.unwrap_or(0));
             Row {
                 section: f.section,
-                key: key.to_string(),
+                key: key.clone(),
                 quantity: f.quantity,
                 base: b,
                 new: n,
@@ -179,7 +186,7 @@ pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
             if let Some(value) = rule.crossed_by(row) {
                 violations.push(Violation {
                     rule: rule.text.clone(),
-                    key: row.key.clone(),
+                    key: row.key.to_string(),
                     value,
                 });
             }

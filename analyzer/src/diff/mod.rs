@@ -36,7 +36,7 @@ mod rules;
 #[cfg(test)]
 mod tests;
 
-pub use crate::tables::{Figure, Figures, Quantity, Section};
+pub use crate::tables::{Figure, Figures, Keys, Quantity, Section};
 pub use compare::{compare, Change, Diff, DiffJson, Row, ShowOptions, Shown, Violation};
 pub use render::{render_markdown, render_table};
 pub use rules::{parse_rules_file, Rule, RuleError, RuleProblem, RulesFileError, Threshold};

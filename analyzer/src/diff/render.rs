@@ -48,7 +48,7 @@ fn violation_text(d: &Diff, v: &Violation) -> String {
     let quantity = d
         .rows
         .iter()
-        .find(|r| r.key == v.key)
+        .find(|r| *r.key == *v.key)
         .map_or(Quantity::Count, |r| r.quantity);
     match v.value {
         Change::Percent(p) => format!("{p:+.2}%"),
@@ -87,7 +87,7 @@ fn columns(rows: &[[String; 5]]) -> String {
 
 fn cells(r: &Row) -> [String; 5] {
     [
-        r.key.clone(),
+        r.key.to_string(),
         value_text(r.quantity, r.base),
         value_text(r.quantity, r.new),
         delta_text(r),

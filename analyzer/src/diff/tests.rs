@@ -194,7 +194,7 @@ fn added_and_removed_keys_and_growth_from_zero() {
     let base = run(&[("function:Old.used", 4096), ("function:Zero.used", 0)]);
     let new = run(&[("function:New.used", 4096), ("function:Zero.used", 1)]);
     let d = compare(&[base], &[new], &[rule("function:*.used>+1000%")]);
-    let row = |k: &str| d.rows.iter().find(|r| r.key == k).expect(k);
+    let row = |k: &str| d.rows.iter().find(|r| &*r.key == k).expect(k);
     let added = row("function:New.used");
     assert_eq!(
         (added.base, added.new, added.delta),
@@ -266,7 +266,7 @@ fn rows_are_ordered_by_the_size_of_the_change() {
         ("epoch:1.gpu_used", -10),
     ]);
     let d = compare(&[base], &[new], &[]);
-    let keys: Vec<&str> = d.rows.iter().map(|r| r.key.as_str()).collect();
+    let keys: Vec<&str> = d.rows.iter().map(|r| &*r.key).collect();
     assert_eq!(
         keys,
         [
@@ -333,4 +333,49 @@ fn markdown_escapes_keys_and_leads_with_the_verdict() {
         "{table}"
     );
     assert_eq!(code("a`b"), "`` a`b ``");
+}
+
+#[test]
+fn runs_and_rows_hold_each_key_once() {
+    // Two runs made with one `Keys`: a key both have is one string, and the comparison's row
+    // holds that string too (a copy per run and per row was most of a large diff's memory).
+    let keys = Keys::default();
+    let figure = |value| {
+        let mut f = Figures::empty(&keys);
+        f.put(
+            "line:a.py:1:f;b.py:2:g.used".into(),
+            Section("lines"),
+            Quantity::Bytes,
+            value,
+        );
+        f.put(
+            "peak_used".into(),
+            Section::HEADLINE,
+            Quantity::Bytes,
+            value,
+        );
+        f
+    };
+    let (base, new) = (figure(10), figure(20));
+    let key = |f: &Figures| {
+        f.by_key
+            .keys()
+            .find(|k| k.starts_with("line:"))
+            .expect("the line key")
+            .clone()
+    };
+    assert!(std::sync::Arc::ptr_eq(&key(&base), &key(&new)));
+    let d = compare(&[base.clone()], &[new], &[]);
+    let row = d
+        .rows
+        .iter()
+        .find(|r| r.key.starts_with("line:"))
+        .expect("row");
+    assert!(std::sync::Arc::ptr_eq(&row.key, &key(&base)));
+    assert_eq!((row.base, row.new), (Some(10), Some(20)));
+    // Runs made apart hold their own (nothing shared by accident between unrelated diffs).
+    let apart = run(&[("peak_used", 1)]);
+    let other = run(&[("peak_used", 1)]);
+    let first = |f: &Figures| f.by_key.keys().next().expect("a key").clone();
+    assert!(!std::sync::Arc::ptr_eq(&first(&apart), &first(&other)));
 }

@@ -33,7 +33,7 @@ use arrow_schema::ArrowError;
 use serde::Serialize;
 
 pub use columns::{Cell, Columns, HtmlColumn, HtmlTable};
-pub use figures::{diff_keys, DiffKey, Figure, Figures, Quantity, Section};
+pub use figures::{diff_keys, DiffKey, Figure, Figures, Keys, Quantity, Section};
 
 use crate::replay::Profile;
 use functions::Unit;
