@@ -365,7 +365,7 @@ fn runs_and_rows_hold_each_key_once() {
             .clone()
     };
     assert!(std::sync::Arc::ptr_eq(&key(&base), &key(&new)));
-    let d = compare(&[base.clone()], &[new], &[]);
+    let d = compare(std::slice::from_ref(&base), &[new], &[]);
     let row = d
         .rows
         .iter()
