@@ -81,11 +81,21 @@ struct OpKind {
 
 struct PerThread {
   std::unordered_map<const char*, OpKind> kinds;
-  // Dispatcher operators open inside the operator the mode sees (0: none is open).
+  // 1 while the operator the mode sees is open, plus the dispatcher operators open inside it
+  // (0: none is open).
   uint32_t inside = 0;
+  // The open operator's handle from `op_begin` (0: none). Kept here, not in a context object
+  // PyTorch would own: one heap allocation less per operator, and the allocator's small-block
+  // bins, which the operators' own tensors share, churn less.
+  uint32_t handle = 0;
   // The blocks the allocator reported allocating on this thread since the operator the mode
   // sees began: the outputs whose frees it will report.
   std::vector<uint64_t> fresh;
+  // An operator's outputs and their storages, kept between operators so that their memory is
+  // reused (an `on_end` inside another's, from a Python callback, finds them empty and uses
+  // its own).
+  std::vector<Output> outs;
+  std::vector<c10::StorageImpl*> impls;
 };
 thread_local PerThread local;
 
@@ -214,12 +224,6 @@ OpKind learn(const at::RecordFunction& fn) {
   return kind;
 }
 
-struct Open final : at::ObserverContext {
-  explicit Open(uint32_t h, bool v) : handle(h), view(v) {}
-  uint32_t handle;
-  bool view;
-};
-
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const Table* t = table.load(std::memory_order_acquire);
   if (t == nullptr) return nullptr;
@@ -232,24 +236,26 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     shadowed.fetch_add(1, std::memory_order_relaxed);
   }
-  if (local.inside > 0) {
-    // Inside the operator the mode sees: its kernel's own (no context: nothing to allocate).
-    local.inside++;
+  auto& here = local;
+  if (here.inside > 0) {
+    // Inside the operator the mode sees: its kernel's own.
+    here.inside++;
     return nullptr;
   }
   const char* name = fn.name();
-  auto it = local.kinds.find(name);
-  if (it == local.kinds.end()) {
+  auto it = here.kinds.find(name);
+  if (it == here.kinds.end()) {
     // A dispatcher operator's name lives as long as the dispatcher: its address is its key,
     // and no other name shares it. Other names (not operators) are not kept, and asked anew
     // (`operator_name` copies the name: not on every operator's way).
     if (!fn.operator_name().has_value()) return nullptr;
-    it = local.kinds.emplace(name, learn(fn)).first;
+    it = here.kinds.emplace(name, learn(fn)).first;
   }
   if (it->second.composite) return nullptr;
   sweep(t);
-  local.inside = 1;
-  local.fresh.clear();
+  here.inside = 1;
+  here.handle = 0;
+  here.fresh.clear();
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   int64_t node = -1;
   if (in_backward) {
@@ -257,27 +263,38 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     auto n = torch::autograd::get_current_node();
     if (n) node = static_cast<int64_t>(n->sequence_nr());
   }
-  uint32_t h = t->op_begin(t->ctx, name, it->second.view, in_backward, node);
-  return std::make_unique<Open>(h, it->second.view);
+  // Set after `op_begin`, which may call Python: an operator run from there is a kernel's own
+  // (`inside` is 1), and leaves the handle alone.
+  here.handle = t->op_begin(t->ctx, name, it->second.view, in_backward, node);
+  // No context: PyTorch calls `on_end` all the same, and `inside` says which operator ends.
+  return nullptr;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  if (ctx == nullptr) {
-    // A kernel's own operator (the one the mode sees holds `inside` at 1 until its end), or
-    // one passed over outside (a composite, not a dispatcher operator): `inside` is 0 then.
-    if (local.inside > 1) local.inside--;
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  auto& here = local;
+  if (here.inside > 1) {
+    // A kernel's own operator (the one the mode sees holds `inside` at 1 until its end).
+    here.inside--;
     return;
   }
-  auto* open = static_cast<Open*>(ctx);
-  local.inside = 0;
+  if (here.inside == 0) {
+    // One passed over (a composite, not a dispatcher operator, a thread that does not track).
+    return;
+  }
+  // The operator the mode sees.
+  here.inside = 0;
+  const uint32_t handle = here.handle;
+  here.handle = 0;
   const Table* t = table.load(std::memory_order_acquire);
-  if (t == nullptr || open->handle == 0) return;
+  if (t == nullptr || handle == 0) return;
   sweep(t);
   // Ended by an exception unwinding through the dispatcher: a call that raised.
   const bool raised = std::uncaught_exceptions() > 0;
   std::vector<Output> outs;
+  outs.swap(here.outs);
   // The storages of the outputs (alive through `fn.outputs()` until this returns).
   std::vector<c10::StorageImpl*> impls;
+  impls.swap(here.impls);
   if (!raised) {
     for (const auto& v : fn.outputs()) {
       auto add = [&](const at::Tensor& x) {
@@ -288,7 +305,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
         auto dev = st.device();
         const auto ptr = reinterpret_cast<uint64_t>(st.data());
         bool fresh = false;
-        for (auto p : local.fresh) fresh = fresh || p == ptr;
+        for (auto p : here.fresh) fresh = fresh || p == ptr;
         outs.push_back({reinterpret_cast<uint64_t>(impl), ptr, static_cast<uint64_t>(st.nbytes()),
                         static_cast<int32_t>(dev.type()), dev.index(), fresh ? 1u : 0u, 0, 0});
         impls.push_back(impl);
@@ -304,7 +321,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       }
     }
   }
-  t->op_end(t->ctx, open->handle, outs.data(), outs.size(), raised ? 1 : 0);
+  t->op_end(t->ctx, handle, outs.data(), outs.size(), raised ? 1 : 0);
   for (size_t i = 0; i < outs.size(); i++) {
     if (outs[i].watch == 0) continue;
     // A weak reference only for those watched (an in-place operator's output, seen before,
@@ -315,6 +332,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
                        outs[i].watch});
     watched.store(watches.size(), std::memory_order_relaxed);
   }
+  outs.clear();
+  impls.clear();
+  here.outs.swap(outs);
+  here.impls.swap(impls);
 }
 
 // PyTorch's CPU allocator warns, at the first free of a block it has no size for while memory
