@@ -176,10 +176,7 @@ impl Figures {
 
     /// [`Figures::of`], its keys held in `keys` with those of the other runs given them.
     pub fn sharing(r: &super::Report, keys: &Keys) -> Figures {
-        let mut f = Figures {
-            by_key: FxHashMap::default(),
-            keys: keys.clone(),
-        };
+        let mut f = Figures::empty(keys);
         for t in r.tables() {
             t.figures(&mut f);
         }
@@ -196,18 +193,11 @@ impl Figures {
 
     /// Adds a figure under `key` (the first one given for a key stays).
     pub fn put(&mut self, key: String, section: Section, quantity: Quantity, value: i64) {
-        if self.by_key.contains_key(key.as_str()) {
-            return;
-        }
-        let key = self.keys.get(key);
-        self.by_key.insert(
-            key,
-            Figure {
-                section,
-                quantity,
-                value,
-            },
-        );
+        self.by_key.entry(self.keys.get(key)).or_insert(Figure {
+            section,
+            quantity,
+            value,
+        });
     }
 
     /// Adds `scope:name.figure` of table `T`, which declares it in [`Table::FIGURES`].

@@ -254,7 +254,6 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (it->second.composite) return nullptr;
   sweep(t);
   here.inside = 1;
-  here.handle = 0;
   here.fresh.clear();
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   int64_t node = -1;
