@@ -294,7 +294,10 @@ test("diff --html shows both runs on one axis and the differential flamegraph", 
   }
   const { page, errors } = await open(out);
   assert.equal(await page.locator("canvas.timeline").count(), 1);
-  assert.match(await page.textContent(".run-title"), /base: .*vs.*new: /);
+  const runTitle = await page.textContent(".run-title");
+  assert.match(runTitle, /^base: .*vs.*new: /);
+  // Each side named once.
+  assert.doesNotMatch(runTitle, /base: base: |new: new: /);
   assert.match(await page.textContent("#flame-title"), /^Differential flamegraph/);
   assert.ok(await page.locator("#flame .frame").count() > 1);
   assert.deepEqual(errors, []);

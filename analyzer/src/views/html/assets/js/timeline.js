@@ -39,7 +39,8 @@ function byteStep(span, n) {
 function Timeline(container, runIdx, overlay) {
   const runs = runIdx.map((i) => data.runs[i]);
   const title = el("div", { class: "run-title" },
-    overlay ? runs.map((r, i) => (i ? "new: " : "base: ") + r.name).join("   vs   ") : runs[0].name);
+    // A diff's runs are named with their side ("base: …", "new: …").
+    overlay ? runs.map((r) => r.name).join("   vs   ") : runs[0].name);
   const canvas = el("canvas", { class: "timeline" });
   container.append(title, canvas);
   const sets = runs.map(shownBands);
