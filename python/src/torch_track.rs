@@ -100,8 +100,8 @@ struct Seen {
     device: u32,
     /// The stack a relabelling records it under (without its category).
     base: u32,
-    /// The number the native observer watches it by (0: not watched), when the allocator
-    /// will not report its free (see `native.rs`).
+    /// The number the native observer watches it by (0: not watched): every storage it
+    /// records, whether the allocator reports its free or not (see `native.rs`).
     watch: u64,
     /// The weakref whose callback records its free (kept alive here); None for an operator's
     /// output under the native observer (the allocator reports the free, or it is watched).

@@ -238,6 +238,38 @@ def test_a_model_that_outlives_its_recordings_keeps_none_of_them(native, tmp_pat
 
 
 @pytest.mark.parametrize("backend", ["native", "python"])
+def test_storages_freed_on_another_thread_are_freed_in_the_trace(native, tmp_path, backend):
+    # A queue's consumer lets go of what the training thread made: the allocator reports that
+    # free on the consumer's thread, which does not track, so the native observer finds it
+    # from its weak reference some operators later.
+    import queue
+    import threading
+
+    trace = tmp_path / f"{backend}.pstrace"
+    handed, taken = queue.Queue(), threading.Event()
+
+    def consumer():
+        x = handed.get()
+        del x
+        taken.set()
+
+    other = threading.Thread(target=consumer)
+    other.start()
+    with poolsight.record(trace), pst.track(backend=backend):
+        handed.put(torch.ones(1_000_000))  # 4,000,000 bytes, freed on the consumer's thread
+        assert taken.wait(30)
+        a = torch.zeros(64)  # 256 bytes
+        for _ in range(20):
+            a = a + 1
+        big = torch.zeros(2_000_000)  # 8,000,000 bytes, after the 4 MB is gone
+        del big
+    other.join()
+    cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
+    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
+    assert cats["input"]["at_end_bytes"] == 256
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
 def test_operators_of_a_thread_that_does_not_track_are_not_recorded(native, tmp_path, backend):
     import threading
 

@@ -24,7 +24,7 @@ import tempfile
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observer.cpp")
 
 #: The table layout ``observer.cpp`` reads (``TABLE_VERSION`` in ``torch_track/native.rs``).
-TABLE_VERSION = 2
+TABLE_VERSION = 3
 
 
 class Unavailable(Exception):

@@ -19,6 +19,12 @@
 //   allocator keeps sizes only from then on): an output whose block was not allocated inside
 //   the operator (data made before tracking began, first seen through a view) is watched
 //   instead, through a weak reference to its storage, and its free told when that expires.
+// - The allocator reports a free to the freeing thread's profiler state, and only the threads
+//   that track carry this one: a storage recorded here and freed on another thread (a queue's
+//   consumer, a checkpoint writer) is not reported. Every recorded storage whose free the
+//   allocator would report is therefore also held weakly (a "backstop" slot, let go when the
+//   report comes), and one such slot is looked at per operator: a free on another thread is
+//   told within as many operators as there are such storages alive.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -37,6 +43,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -52,9 +59,11 @@ struct Output {
   int32_t device_index;
   // 1: its block was allocated inside this operator, so the allocator will report its free.
   uint32_t reported;
-  uint32_t pad;
-  // Set by `op_end` (nonzero) for a storage it recorded whose free the allocator will not
-  // report: the number `unwatched` gives back when the storage is gone.
+  // Set by `op_end` (1) for a storage it recorded.
+  uint32_t recorded;
+  // The number `unwatched` gives back when the storage is gone: for a reported one, its
+  // backstop slot's (set here before `op_end`); else set by `op_end` (nonzero) for a storage
+  // it recorded.
   uint64_t watch;
 };
 
@@ -66,12 +75,14 @@ struct Table {
   uint32_t (*op_begin)(void* ctx, const char* name, uint32_t view, uint32_t in_backward,
                        int64_t node_sequence);
   void (*op_end)(void* ctx, uint32_t handle, Output* outputs, size_t n, uint32_t raised);
-  void (*freed)(void* ctx, uint64_t ptr, int32_t device_type, int32_t device_index);
+  // A reported free; returns the number the storage was watched by (0: none), so that its
+  // backstop slot is let go.
+  uint64_t (*freed)(void* ctx, uint64_t ptr, int32_t device_type, int32_t device_index);
   // A watched storage (see `Output::watch`) is gone.
   void (*unwatched)(void* ctx, uint64_t key, uint64_t watch);
 };
 
-constexpr uint32_t kTableVersion = 2;
+constexpr uint32_t kTableVersion = 3;
 
 // What an operator is, learnt once per name (per thread: no lock on the way).
 struct OpKind {
@@ -108,6 +119,8 @@ struct Watch {
 std::mutex watch_mutex;
 std::vector<Watch> watches;
 std::atomic<size_t> watched{0};
+// Backstop slots taken (see below), for the sweep to pass over at once when there are none.
+std::atomic<size_t> backstopped{0};
 
 // How many watched storages one sweep looks at, at most: with more watched (thousands of
 // tensors made before tracking, each seen through a view), a sweep per operator would cost
@@ -116,20 +129,102 @@ constexpr size_t kSweepBatch = 32;
 // Where the next sweep begins (guarded by `watch_mutex`).
 size_t sweep_at = 0;
 
+// The backstop (see the top of this file): slots of the recorded storages whose frees the
+// allocator reports, each a weak reference until the report lets it go or it is found gone.
+// A slot's number (`Output::watch`) has kBackstop set, its generation and its index, so that
+// a number let go twice, or after its slot was reused, does nothing. Guarded by `watch_mutex`.
+constexpr uint64_t kBackstop = uint64_t{1} << 63;
+struct Slot {
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;
+  uint64_t key = 0;
+  uint32_t generation = 0;
+  bool taken = false;
+};
+std::vector<Slot> slots;
+std::vector<uint32_t> free_slots;
+size_t slots_taken = 0;
+size_t backstop_at = 0;
+
+uint64_t slot_number(uint32_t i) {
+  return kBackstop | (uint64_t{slots[i].generation & 0x7fffffffu} << 32) | i;
+}
+
+uint64_t take_slot() {
+  uint32_t i;
+  if (free_slots.empty()) {
+    i = static_cast<uint32_t>(slots.size());
+    slots.emplace_back();
+  } else {
+    i = free_slots.back();
+    free_slots.pop_back();
+  }
+  slots[i].taken = true;
+  slots_taken++;
+  return slot_number(i);
+}
+
+using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+// Lets go of the slot `number` names, if it still does; its weak reference goes to `dropped`,
+// to be let go once `watch_mutex` is released (the last reference to a storage deletes it).
+void let_go(uint64_t number, std::vector<Weak>& dropped) {
+  if ((number & kBackstop) == 0) return;
+  const auto i = static_cast<uint32_t>(number);
+  if (i >= slots.size() || !slots[i].taken || slot_number(i) != number) return;
+  auto& slot = slots[i];
+  if (slot.storage.has_value()) dropped.push_back(std::move(*slot.storage));
+  slot.storage.reset();
+  slot.taken = false;
+  slot.generation++;
+  free_slots.push_back(i);
+  slots_taken--;
+}
+
 // Tells the storages watched that are gone (their data freed): before an operator begins and
 // before one's outputs are recorded, so that a free comes before what is allocated after it.
-// `all`: every storage watched (when tracking ends), else the next kSweepBatch of them.
-void sweep(const Table* t, bool all = false) {
-  if (watched.load(std::memory_order_relaxed) == 0) return;
+// `all`: every storage watched (when tracking ends), else the next kSweepBatch of them and one
+// backstop slot. `outs`: the outputs of an operator about to be recorded, whose reported
+// storages each take a backstop slot (under the same lock).
+void sweep(const Table* t, bool all = false, std::vector<Output>* outs = nullptr) {
+  bool reported = false;
+  if (outs != nullptr) {
+    for (const auto& o : *outs) reported = reported || o.reported != 0;
+  }
+  if (!reported && watched.load(std::memory_order_relaxed) == 0 &&
+      backstopped.load(std::memory_order_relaxed) == 0) {
+    return;
+  }
   std::vector<std::pair<uint64_t, uint64_t>> gone;
+  std::vector<Weak> dropped;
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
+    // The backstop: every slot when tracking ends, else the next one taken (the scan over free
+    // slots bounded).
+    const size_t looks = all ? slots.size() : std::min<size_t>(slots.size(), 8);
+    for (size_t k = 0, found = 0; k < looks && (all || found < 1); k++) {
+      if (backstop_at >= slots.size()) backstop_at = 0;
+      auto& slot = slots[backstop_at];
+      const auto i = static_cast<uint32_t>(backstop_at++);
+      if (!slot.taken || !slot.storage.has_value()) continue;
+      found++;
+      if (slot.storage->expired()) {
+        gone.emplace_back(slot.key, slot_number(i));
+        let_go(slot_number(i), dropped);
+      }
+    }
+    if (outs != nullptr) {
+      for (auto& o : *outs) {
+        if (o.reported != 0) o.watch = take_slot();
+      }
+    }
+    backstopped.store(slots_taken, std::memory_order_relaxed);
     const size_t todo = all ? watches.size() : std::min(watches.size(), kSweepBatch);
     for (size_t k = 0; k < todo && !watches.empty(); k++) {
       if (sweep_at >= watches.size()) sweep_at = 0;
       auto& w = watches[sweep_at];
       if (w.storage.expired()) {
         gone.emplace_back(w.key, w.watch);
+        dropped.push_back(std::move(w.storage));
         w = std::move(watches.back());
         watches.pop_back();
       } else {
@@ -166,8 +261,14 @@ struct Reporter final : torch::profiler::impl::ProfilerStateBase {
     }
     const Table* t = table.load(std::memory_order_acquire);
     if (t == nullptr) return;
-    t->freed(t->ctx, reinterpret_cast<uint64_t>(ptr), static_cast<int32_t>(device.type()),
-             device.index());
+    const uint64_t number = t->freed(t->ctx, reinterpret_cast<uint64_t>(ptr),
+                                     static_cast<int32_t>(device.type()), device.index());
+    if ((number & kBackstop) != 0) {
+      std::vector<Weak> dropped;
+      std::lock_guard<std::mutex> guard(watch_mutex);
+      let_go(number, dropped);
+      backstopped.store(slots_taken, std::memory_order_relaxed);
+    }
   }
 
   torch::profiler::impl::ActiveProfilerType profilerType() override {
@@ -286,7 +387,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   here.handle = 0;
   const Table* t = table.load(std::memory_order_acquire);
   if (t == nullptr || handle == 0) return;
-  sweep(t);
   // Ended by an exception unwinding through the dispatcher: a call that raised.
   const bool raised = std::uncaught_exceptions() > 0;
   std::vector<Output> outs;
@@ -320,16 +420,38 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       }
     }
   }
+  // The frees found since the last operator first; the reported outputs take their slots.
+  sweep(t, false, &outs);
   t->op_end(t->ctx, handle, outs.data(), outs.size(), raised ? 1 : 0);
-  for (size_t i = 0; i < outs.size(); i++) {
-    if (outs[i].watch == 0) continue;
-    // A weak reference only for those watched (an in-place operator's output, seen before,
-    // takes none).
-    auto strong = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
+  bool any = false;
+  for (const auto& o : outs) any = any || o.watch != 0;
+  if (any) {
+    std::vector<Weak> dropped;
     std::lock_guard<std::mutex> guard(watch_mutex);
-    watches.push_back({c10::weak_intrusive_ptr<c10::StorageImpl>(strong), outs[i].key,
-                       outs[i].watch});
+    for (size_t i = 0; i < outs.size(); i++) {
+      const auto& o = outs[i];
+      if (o.watch == 0) continue;
+      if (o.recorded == 0) {
+        // Seen before (an in-place operator's output): no weak reference.
+        let_go(o.watch, dropped);
+        continue;
+      }
+      auto strong =
+          c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
+      Weak weak(strong);
+      if (o.reported != 0) {
+        // The allocator reports its free (on a thread that tracks); the slot is the backstop.
+        const auto at = static_cast<uint32_t>(o.watch);
+        if (at < slots.size() && slot_number(at) == o.watch) {
+          slots[at].storage.emplace(std::move(weak));
+          slots[at].key = o.key;
+        }
+      } else {
+        watches.push_back({std::move(weak), o.key, o.watch});
+      }
+    }
     watched.store(watches.size(), std::memory_order_relaxed);
+    backstopped.store(slots_taken, std::memory_order_relaxed);
   }
   outs.clear();
   impls.clear();
@@ -378,11 +500,19 @@ uint64_t poolsight_observer_remove() {
   // tracking ended.
   if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true);
   table.store(nullptr, std::memory_order_release);
+  // Let go of after the lock is (the last reference to a storage deletes it).
+  std::vector<Watch> old_watches;
+  std::vector<Slot> old_slots;
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
-    watches.clear();
+    old_watches.swap(watches);
     watched.store(0);
     sweep_at = 0;
+    old_slots.swap(slots);
+    free_slots.clear();
+    slots_taken = 0;
+    backstop_at = 0;
+    backstopped.store(0);
   }
   return shadowed.exchange(0);
 }

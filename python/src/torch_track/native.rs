@@ -21,7 +21,7 @@ use poolsight_recorder::{Phase, ScopeToken};
 use super::{lock, Map, OpInfo, Seen, TorchState};
 
 /// The table's layout, as `observer.cpp` reads it (`Table`).
-pub(super) const TABLE_VERSION: u32 = 2;
+pub(super) const TABLE_VERSION: u32 = 3;
 
 #[repr(C)]
 pub(super) struct NativeTable {
@@ -30,7 +30,7 @@ pub(super) struct NativeTable {
     ctx: usize,
     op_begin: extern "C" fn(*const c_void, *const c_char, u32, u32, i64) -> u32,
     op_end: extern "C" fn(*const c_void, u32, *mut NativeOutput, usize, u32),
-    freed: extern "C" fn(*const c_void, u64, i32, i32),
+    freed: extern "C" fn(*const c_void, u64, i32, i32) -> u64,
     unwatched: extern "C" fn(*const c_void, u64, u64),
 }
 
@@ -43,11 +43,14 @@ pub(super) struct NativeOutput {
     bytes: u64,
     device_type: i32,
     device_index: i32,
-    /// 1: its block was allocated inside the operator, so the allocator reports its free.
+    /// 1: its block was allocated inside the operator, so the allocator reports its free (on
+    /// a thread that tracks).
     reported: u32,
-    _pad: u32,
-    /// Set here (nonzero) for a storage recorded whose free the allocator will not report:
-    /// the observer watches it and gives the number back to `unwatched` when it is gone.
+    /// Set here (1) for a storage recorded.
+    recorded: u32,
+    /// The number the observer gives back to `unwatched` when the storage is gone: for a
+    /// reported one, its backstop slot's (set by the observer, for a free on another thread,
+    /// which the allocator does not report here); else set here for a storage recorded.
     watch: u64,
 }
 
@@ -233,6 +236,7 @@ impl TorchState {
             if out.reported == 0 {
                 out.watch = self.watches.fetch_add(1, Relaxed) + 1;
             }
+            out.recorded = 1;
             self.record_native(
                 out.key,
                 out.ptr,
@@ -324,7 +328,8 @@ impl TorchState {
         }
     }
 
-    fn native_freed(&self, ptr: u64) {
+    /// A reported free; returns the number the storage was watched by (0: none).
+    fn native_freed(&self, ptr: u64) -> u64 {
         let entry = {
             let mut storages = lock(&self.storages);
             match storages.by_ptr.remove(&ptr) {
@@ -334,10 +339,12 @@ impl TorchState {
                 _ => None,
             }
         };
-        if let Some(seen) = entry {
-            self.session()
-                .observed_free(seen.device, seen.ptr, seen.bytes);
-        }
+        let Some(seen) = entry else {
+            return 0;
+        };
+        self.session()
+            .observed_free(seen.device, seen.ptr, seen.bytes);
+        seen.watch
     }
 
     /// A storage watched since `native_outputs` asked (`watch`) is gone, unless the
@@ -400,10 +407,10 @@ extern "C" fn op_end(
     }));
 }
 
-extern "C" fn freed(ctx: *const c_void, ptr: u64, _device_type: i32, _device_index: i32) {
+extern "C" fn freed(ctx: *const c_void, ptr: u64, _device_type: i32, _device_index: i32) -> u64 {
     // SAFETY: see `state`.
     let this = unsafe { state(ctx) };
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr)));
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr))).unwrap_or(0)
 }
 
 extern "C" fn unwatched(ctx: *const c_void, key: u64, watch: u64) {
