@@ -13,6 +13,7 @@ use poolsight::analyzer::whatif::{self, Settings};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
 use super::load::Reading;
+use super::output;
 use super::whatif::{parse_bytes, parse_setting};
 
 const HELP: &str = "\
@@ -298,16 +299,31 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
             }
         }
     }
-    match args.format {
-        DiffFormat::Table => write!(out, "{}", diff::render_table(&d, &show))?,
-        DiffFormat::Markdown => write!(out, "{}", diff::render_markdown(&d, &show))?,
-        DiffFormat::Json => {
-            let mut json = serde_json::to_value(d.json(&show))?;
-            if let Some(obj) = json.as_object_mut().filter(|_| !partial.is_empty()) {
-                obj.insert("partial".into(), serde_json::json!(partial));
+    // Written as it is made: with --all on a large run the whole text would cost more memory
+    // than the comparison (buffered: standard output flushes at every line).
+    let written = (|| -> anyhow::Result<()> {
+        let mut text = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
+        match args.format {
+            DiffFormat::Table => {
+                output::write_text(&mut text, |w| diff::write_table(w, &d, &show))?
             }
-            writeln!(out, "{}", serde_json::to_string_pretty(&json)?)?
+            DiffFormat::Markdown => {
+                output::write_text(&mut text, |w| diff::write_markdown(w, &d, &show))?
+            }
+            DiffFormat::Json => {
+                let mut json = d.json(&show);
+                json.partial = partial;
+                serde_json::to_writer_pretty(&mut text, &json).map_err(std::io::Error::from)?;
+                writeln!(text)?;
+            }
         }
+        text.flush()?;
+        Ok(())
+    })();
+    match written {
+        // The verdict stands when the reader stopped reading (`| head`).
+        Err(e) if super::closed_pipe(&e) => return Ok(if d.failed() { 1 } else { 0 }),
+        other => other?,
     }
     if args.format != DiffFormat::Table {
         for r in &d.unmatched_rules {

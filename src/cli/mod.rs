@@ -169,11 +169,21 @@ where
     };
     match run(cli) {
         Ok(code) => code,
+        // The reader stopped reading (`| head`): what it took was written, nothing failed.
+        Err(e) if closed_pipe(&e) => 0,
         Err(e) => {
             eprintln!("poolsight: {}", one_line(&e));
             2
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader is gone.
+pub(crate) fn closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// `--help` and `--version` print as clap prints them; a usage error becomes one line on

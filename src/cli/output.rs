@@ -11,6 +11,32 @@ use anyhow::Context;
 
 use super::args::Format;
 
+/// Runs `write` (text made by `fmt::Write`) onto `out` as it goes, with the first I/O error
+/// (a closed pipe, a full disk) as the error, not `fmt::Error`.
+pub fn write_text(
+    out: &mut impl Write,
+    write: impl FnOnce(&mut dyn std::fmt::Write) -> std::fmt::Result,
+) -> std::io::Result<()> {
+    struct Text<'a, W: Write> {
+        out: &'a mut W,
+        error: Option<std::io::Error>,
+    }
+    impl<W: Write> std::fmt::Write for Text<'_, W> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.out.write_all(s.as_bytes()).map_err(|e| {
+                self.error.get_or_insert(e);
+                std::fmt::Error
+            })
+        }
+    }
+    let mut text = Text { out, error: None };
+    match (write(&mut text), text.error) {
+        (_, Some(e)) => Err(e),
+        (Err(_), None) => Err(std::io::Error::other("formatting the report failed")),
+        (Ok(()), None) => Ok(()),
+    }
+}
+
 /// Prints one rendering per view: tables and CSV under `== heading ==` lines, JSON as one
 /// document (an array of `{"trace", ...report}` objects with --per-rank).
 pub fn emit<T: serde::Serialize>(

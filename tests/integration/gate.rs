@@ -68,6 +68,25 @@ fn allow_incomplete_names_the_partial_side() {
     assert_ne!(o.status.code(), Some(2), "{o:?}");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.starts_with("warning: new run is partial"), "{out}");
+    // In JSON the document says it, first, and a whole pair has no such key.
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = poolsight(args);
+        serde_json::from_slice(&o.stdout).expect("one JSON document")
+    };
+    let d = json(&["diff", "--allow-incomplete", "--format", "json", GOOD, &p]);
+    let partial = d["partial"].as_array().expect("partial");
+    assert_eq!(partial.len(), 1, "{d}");
+    assert!(
+        partial[0]
+            .as_str()
+            .unwrap()
+            .starts_with("new run is partial"),
+        "{d}"
+    );
+    assert!(d["rows"].as_array().is_some_and(|r| !r.is_empty()), "{d}");
+    let d = json(&["diff", "--format", "json", GOOD, GOOD]);
+    assert!(d.get("partial").is_none(), "{d}");
+    assert_eq!(d["violations"], serde_json::json!([]));
     let o = poolsight(&["info", &p]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("complete     no:"), "{out}");
@@ -168,4 +187,31 @@ fn several_runs_of_rank_0_compare_per_run() {
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("peak_used"), "{out}");
+}
+
+/// A reader that stops reading (`poolsight ... | head`) is no error: exit 0 and nothing on
+/// stderr, except that `diff`'s verdict stands.
+#[test]
+fn a_reader_that_stops_reading_is_not_an_error() {
+    use std::process::Stdio;
+    for (args, code) in [
+        (vec!["lines", GOOD], 0),
+        (vec!["report", "--format", "json", GOOD], 0),
+        (vec!["diff", "--all", GOOD, GOOD], 0),
+        (vec!["diff", "--all", "--format", "json", GOOD, GOOD], 0),
+        (vec!["diff", "--fail-on", "peak_used>=+0%", GOOD, GOOD], 1),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_poolsight"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run poolsight");
+        // The pipe's reading end is closed before anything is written to it.
+        drop(child.stdout.take());
+        let o = child.wait_with_output().expect("wait");
+        assert_eq!(o.status.code(), Some(code), "{args:?} {o:?}");
+        assert!(o.stderr.is_empty(), "{args:?} {o:?}");
+    }
 }

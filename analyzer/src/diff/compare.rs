@@ -11,21 +11,24 @@ use super::rules::{Rule, Threshold};
 use crate::tables::{diff_keys, Figure, Figures, Quantity, Section};
 
 /// One key compared: `None` on a side that has no such key (added or removed).
+///
+/// The fields are in their JSON keys' alphabetical order, the order `diff --format json` has
+/// always printed them in (it is written straight from these structs).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
-    pub section: Section,
-    /// Held once for every run and row that has it (see [`crate::tables::Keys`]).
-    #[serde(serialize_with = "as_str")]
-    pub key: Arc<str>,
-    #[serde(skip)]
-    pub quantity: Quantity,
     pub base: Option<i64>,
-    pub new: Option<i64>,
     /// `new - base`, a missing side counting as 0.
     pub delta: i64,
     /// The delta in percent of the base; `None` when the base is missing or 0 and the new
     /// value is not (an infinite change).
     pub delta_pct: Option<f64>,
+    /// Held once for every run and row that has it (see [`crate::tables::Keys`]).
+    #[serde(serialize_with = "as_str")]
+    pub key: Arc<str>,
+    pub new: Option<i64>,
+    #[serde(skip)]
+    pub quantity: Quantity,
+    pub section: Section,
 }
 
 fn as_str<S: Serializer>(key: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
@@ -67,9 +70,9 @@ impl Serialize for Change {
 /// A rule crossed by one row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Violation {
+    pub key: String,
     /// The rule as the user wrote it.
     pub rule: String,
-    pub key: String,
     pub value: Change,
 }
 
@@ -255,14 +258,19 @@ impl Diff {
     /// The stable JSON document: `{"rows":[...],"violations":[...]}`, rows as shown.
     pub fn json(&self, opts: &ShowOptions) -> DiffJson<'_> {
         DiffJson {
+            partial: Vec::new(),
             rows: self.shown(opts).into_iter().flat_map(|s| s.rows).collect(),
             violations: &self.violations,
         }
     }
 }
 
+/// Serialized as it is, keys in alphabetical order (see [`Row`]).
 #[derive(Serialize)]
 pub struct DiffJson<'a> {
+    /// What was read of a damaged side, as warnings say it; left out when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub partial: Vec<String>,
     pub rows: Vec<&'a Row>,
     pub violations: &'a [Violation],
 }

@@ -38,5 +38,5 @@ mod tests;
 
 pub use crate::tables::{Figure, Figures, Keys, Quantity, Section};
 pub use compare::{compare, Change, Diff, DiffJson, Row, ShowOptions, Shown, Violation};
-pub use render::{render_markdown, render_table};
+pub use render::{render_markdown, render_table, write_markdown, write_table};
 pub use rules::{parse_rules_file, Rule, RuleError, RuleProblem, RulesFileError, Threshold};

@@ -1,7 +1,7 @@
 //! A diff as plain text (terminal, CI log) and as markdown (a pull-request comment).
 
 use std::cmp::Ordering;
-use std::fmt::Write as _;
+use std::fmt::{self, Write};
 
 use super::compare::{Change, Diff, Row, ShowOptions, Violation};
 use crate::tables::render::{humanized, time_auto};
@@ -65,24 +65,35 @@ fn runs(n: usize) -> String {
     }
 }
 
-/// Left-aligned first column (keys), right-aligned numbers, two spaces apart.
-fn columns(rows: &[[String; 5]]) -> String {
+/// Left-aligned first column (keys), right-aligned numbers, two spaces apart: the widths
+/// from a first pass, then each row's cells made again and written (with `--all` on a large
+/// run, holding every cell at once would cost more than the comparison).
+fn columns(out: &mut dyn Write, head: &[String; 5], rows: &[&Row]) -> fmt::Result {
     let mut widths = [0usize; 5];
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
+    let mut widen = |cells: &[String; 5]| {
+        for (w, c) in widths.iter_mut().zip(cells) {
             *w = (*w).max(c.chars().count());
         }
-    }
-    let mut out = String::new();
+    };
+    widen(head);
     for r in rows {
-        let mut line = format!("{:<w$}", r[0], w = widths[0]);
-        for (c, w) in r.iter().zip(widths).skip(1) {
+        widen(&cells(r));
+    }
+    let mut line = String::new();
+    let mut row = |out: &mut dyn Write, cells: &[String; 5]| {
+        line.clear();
+        let _ = write!(line, "{:<w$}", cells[0], w = widths[0]);
+        for (c, w) in cells.iter().zip(widths).skip(1) {
             let _ = write!(line, "  {c:>w$}");
         }
-        out.push_str(line.trim_end());
-        out.push('\n');
+        out.write_str(line.trim_end())?;
+        out.write_char('\n')
+    };
+    row(out, head)?;
+    for r in rows {
+        row(out, &cells(r))?;
     }
-    out
+    Ok(())
 }
 
 fn cells(r: &Row) -> [String; 5] {
@@ -98,48 +109,55 @@ fn cells(r: &Row) -> [String; 5] {
 /// Plain text for a terminal or a CI log: sections, then the verdict last, where a log
 /// reader's eye lands.
 pub fn render_table(d: &Diff, opts: &ShowOptions) -> String {
-    let mut out = format!(
-        "poolsight diff: base {}, new {}\n",
+    let mut out = String::new();
+    let _ = write_table(&mut out, d, opts);
+    out
+}
+
+/// [`render_table`], written as it is made.
+pub fn write_table(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt::Result {
+    writeln!(
+        out,
+        "poolsight diff: base {}, new {}",
         runs(d.base_runs),
         runs(d.new_runs)
-    );
+    )?;
     for s in d.shown(opts) {
-        out.push('\n');
+        out.write_char('\n')?;
         if s.rows.is_empty() {
-            let _ = writeln!(out, "{}: no change", s.section);
+            writeln!(out, "{}: no change", s.section)?;
             continue;
         }
-        let mut rows = vec![[
+        let head = [
             s.section.to_string(),
             "base".into(),
             "new".into(),
             "delta".into(),
             "change".into(),
-        ]];
-        rows.extend(s.rows.iter().map(|r| cells(r)));
-        out.push_str(&columns(&rows));
+        ];
+        columns(out, &head, &s.rows)?;
         if s.more > 0 {
-            let _ = writeln!(out, "... {} more changed rows (--top)", s.more);
+            writeln!(out, "... {} more changed rows (--top)", s.more)?;
         }
     }
-    out.push('\n');
+    out.write_char('\n')?;
     for r in &d.unmatched_rules {
-        let _ = writeln!(out, "warning: rule `{r}` matched no figure of either run");
+        writeln!(out, "warning: rule `{r}` matched no figure of either run")?;
     }
     if d.failed() {
-        let _ = writeln!(
+        writeln!(
             out,
             "FAIL: {} violation(s) of {} rule(s):",
             d.violations.len(),
             d.rules_checked
-        );
+        )?;
         for v in &d.violations {
-            let _ = writeln!(out, "  {}  {}  {}", v.rule, v.key, violation_text(d, v));
+            writeln!(out, "  {}  {}  {}", v.rule, v.key, violation_text(d, v))?;
         }
     } else {
-        let _ = writeln!(out, "OK: no rule crossed ({} checked)", d.rules_checked);
+        writeln!(out, "OK: no rule crossed ({} checked)", d.rules_checked)?;
     }
-    out
+    Ok(())
 }
 
 /// Inline code for a markdown table cell: `|` would end the cell and a backtick the span.
@@ -152,12 +170,12 @@ pub(super) fn code(s: &str) -> String {
     }
 }
 
-fn md_table(out: &mut String, head: &str, rows: &[&Row]) {
-    let _ = writeln!(out, "| {head} | base | new | delta | change |");
-    out.push_str("|:--|--:|--:|--:|--:|\n");
+fn md_table(out: &mut dyn Write, head: &str, rows: &[&Row]) -> fmt::Result {
+    writeln!(out, "| {head} | base | new | delta | change |")?;
+    out.write_str("|:--|--:|--:|--:|--:|\n")?;
     for r in rows {
         let c = cells(r);
-        let _ = writeln!(
+        writeln!(
             out,
             "| {} | {} | {} | {} | {} |",
             code(&c[0]),
@@ -165,66 +183,74 @@ fn md_table(out: &mut String, head: &str, rows: &[&Row]) {
             c[2],
             c[3],
             c[4]
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Markdown to post as a pull-request comment: the verdict and violations first, the
 /// headline table, then each changed section folded in a `<details>` block.
 pub fn render_markdown(d: &Diff, opts: &ShowOptions) -> String {
-    let mut out = String::from("### poolsight diff\n\n");
+    let mut out = String::new();
+    let _ = write_markdown(&mut out, d, opts);
+    out
+}
+
+/// [`render_markdown`], written as it is made.
+pub fn write_markdown(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt::Result {
+    out.write_str("### poolsight diff\n\n")?;
     if d.failed() {
-        let _ = writeln!(
+        writeln!(
             out,
             "❌ **{} violation(s)** of {} rule(s) (base: {}, new: {})\n",
             d.violations.len(),
             d.rules_checked,
             runs(d.base_runs),
             runs(d.new_runs)
-        );
-        out.push_str("| rule | key | change |\n|:--|:--|--:|\n");
+        )?;
+        out.write_str("| rule | key | change |\n|:--|:--|--:|\n")?;
         for v in &d.violations {
-            let _ = writeln!(
+            writeln!(
                 out,
                 "| {} | {} | {} |",
                 code(&v.rule),
                 code(&v.key),
                 violation_text(d, v)
-            );
+            )?;
         }
-        out.push('\n');
+        out.write_char('\n')?;
     } else {
-        let _ = writeln!(
+        writeln!(
             out,
             "✅ **No rule crossed** ({} checked; base: {}, new: {})\n",
             d.rules_checked,
             runs(d.base_runs),
             runs(d.new_runs)
-        );
+        )?;
     }
     for r in &d.unmatched_rules {
-        let _ = writeln!(out, "⚠️ rule {} matched no figure of either run\n", code(r));
+        writeln!(out, "⚠️ rule {} matched no figure of either run\n", code(r))?;
     }
     for s in d.shown(opts) {
         if s.section == Section::HEADLINE {
-            md_table(&mut out, "headline", &s.rows);
-            out.push('\n');
+            md_table(out, "headline", &s.rows)?;
+            out.write_char('\n')?;
             continue;
         }
         if s.rows.is_empty() {
             continue;
         }
-        let _ = writeln!(
+        writeln!(
             out,
             "<details><summary>{}: {} row(s)</summary>\n",
             s.section,
             s.rows.len() + s.more
-        );
-        md_table(&mut out, s.section.as_str(), &s.rows);
+        )?;
+        md_table(out, s.section.as_str(), &s.rows)?;
         if s.more > 0 {
-            let _ = writeln!(out, "\n… and {} more", s.more);
+            writeln!(out, "\n… and {} more", s.more)?;
         }
-        out.push_str("\n</details>\n\n");
+        out.write_str("\n</details>\n\n")?;
     }
-    out
+    Ok(())
 }
