@@ -37,6 +37,26 @@ pub fn write_text(
     }
 }
 
+/// Views as one JSON array, each view's object with its `trace` added, made one view at a
+/// time as it is written.
+struct Traces<'a, T>(&'a [(String, T)]);
+
+impl<T: serde::Serialize> serde::Serialize for Traces<'_, T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for (name, v) in self.0 {
+            // Through a `Value`, whose keys are in alphabetical order: `trace` among them.
+            let mut j = serde_json::to_value(v).map_err(S::Error::custom)?;
+            if let Some(o) = j.as_object_mut() {
+                o.insert("trace".into(), name.clone().into());
+            }
+            seq.serialize_element(&j)?;
+        }
+        seq.end()
+    }
+}
+
 /// Prints one rendering per view: tables and CSV under `== heading ==` lines, JSON as one
 /// document (an array of `{"trace", ...report}` objects with --per-rank).
 pub fn emit<T: serde::Serialize>(
@@ -48,22 +68,17 @@ pub fn emit<T: serde::Serialize>(
 ) -> anyhow::Result<()> {
     match format {
         Format::Json => {
-            let json = if views.len() == 1 && views[0].0.is_empty() {
-                serde_json::to_string_pretty(&views[0].1)?
+            // Written as it is made (a large trace's `lines` is hundreds of MB of JSON), and
+            // buffered: standard output flushes at every line.
+            let mut text = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
+            if views.len() == 1 && views[0].0.is_empty() {
+                serde_json::to_writer_pretty(&mut text, &views[0].1)
             } else {
-                let list: Vec<serde_json::Value> = views
-                    .iter()
-                    .map(|(name, v)| {
-                        let mut j = serde_json::to_value(v)?;
-                        if let Some(o) = j.as_object_mut() {
-                            o.insert("trace".into(), name.clone().into());
-                        }
-                        Ok(j)
-                    })
-                    .collect::<serde_json::Result<_>>()?;
-                serde_json::to_string_pretty(&list)?
-            };
-            writeln!(out, "{json}")?;
+                serde_json::to_writer_pretty(&mut text, &Traces(views))
+            }
+            .map_err(std::io::Error::from)?;
+            writeln!(text)?;
+            text.flush()?;
         }
         Format::Csv if views.iter().any(|(name, _)| !name.is_empty()) => {
             // One table for every rank: a leading `trace` column says whose row it is.
