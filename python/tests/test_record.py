@@ -404,3 +404,37 @@ def test_a_cpu_peak_without_the_current_figure_is_refused(trace):
     with poolsight.record(trace) as rec:
         with pytest.raises(ValueError, match="cpu_peak needs cpu_bytes"):
             rec._native.epoch_end(0, cpu_peak=5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and RLIMIT_AS")
+def test_recordings_start_where_little_address_space_is_left(tmp_path):
+    # Under `ulimit -v` (here: what the process uses plus 8 GiB) a trace cannot be mapped at its
+    # 1 TiB size limit: each recording maps a share of what is left instead, says so once, and
+    # records; twenty finished ones kept referenced all start.
+    script = textwrap.dedent(
+        f"""
+        import resource
+        with open("/proc/self/status") as f:
+            used = next(int(l.split()[1]) for l in f if l.startswith("VmSize:")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (used + (8 << 30), resource.RLIM_INFINITY))
+        import poolsight
+        kept = []
+        for i in range(20):
+            rec = poolsight.record({str(tmp_path)!r} + f"/{{i}}.pstrace", cpu=None)
+            with rec.function("step"):
+                poolsight.Pool(rec).malloc(1000)
+            rec.finish()
+            kept.append(rec)
+        print("kept", len(kept))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert proc.returncode == 0, err
+    assert "kept 20" in out
+    said = [line for line in err.splitlines() if "little address space left" in line]
+    assert len(said) == 20, err
+    assert "not at its size limit of 1 TiB" in said[0]
+    for i in (0, 19):
+        functions = report_json("functions", tmp_path / f"{i}.pstrace")
+        assert [f["name"] for f in functions["functions"]] == ["step"], functions

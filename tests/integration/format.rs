@@ -648,6 +648,110 @@ fn the_file_size_limit_is_a_size_cap() {
     );
 }
 
+/// Not a test: the child of `little_address_space_left_is_a_size_cap`, run with `--ignored`:
+/// limits its own address space to what it uses plus `POOLSIGHT_AS_SPARE` bytes, then records
+/// `POOLSIGHT_AS_EVENTS` events with the default `max_bytes` (1 TiB).
+#[test]
+#[ignore = "child process of the RLIMIT_AS test"]
+fn address_space_child_entry() {
+    let path = std::env::var_os("POOLSIGHT_AS_CHILD").expect("run by the RLIMIT_AS test");
+    let number = |name: &str| -> u64 { std::env::var(name).unwrap().parse().unwrap() };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let used_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let lim = libc::rlimit {
+        rlim_cur: (used_kib * 1024 + number("POOLSIGHT_AS_SPARE")) as libc::rlim_t,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit on this (child) process with a struct we own.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    match Recorder::create(PathBuf::from(path), small_config()) {
+        Err(e) => println!("create error: {e}"),
+        Ok(rec) => {
+            let h = rec.handle();
+            for i in 0..number("POOLSIGHT_AS_EVENTS") {
+                h.record_mem(mem(MemKind::MallocPost, i, 512));
+            }
+            let s = rec.finish().unwrap();
+            println!("dropped {} of {}", s.dropped_events, s.events);
+        }
+    }
+}
+
+/// Where the process cannot reserve `max_bytes` of address space (`ulimit -v`), the
+/// recording maps an eighth of what it could have and stops there, saying so, instead of
+/// failing to start; with less than 64 MiB to be had, it fails to start.
+#[cfg(target_os = "linux")]
+#[test]
+fn little_address_space_left_is_a_size_cap() {
+    let run = |name: &str, spare: u64, events: u64| {
+        let path = tmp(name);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "format::address_space_child_entry",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("POOLSIGHT_AS_CHILD", &path)
+            .env("POOLSIGHT_AS_SPARE", spare.to_string())
+            .env("POOLSIGHT_AS_EVENTS", events.to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "the child died ({:?}): {stdout}{stderr}",
+            out.status
+        );
+        (path, stdout, stderr)
+    };
+    let dropped = |stdout: &str| -> u64 {
+        stdout
+            .split("dropped ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("{stdout}"))
+            .parse()
+            .unwrap()
+    };
+    // 1.5 GiB spare: 1 GiB fits, so the trace is mapped at 128 MiB, and 100,000 events fit.
+    let (path, stdout, stderr) = run("as-fits.pstrace", 3 << 29, 100_000);
+    assert!(
+        stderr.contains("mapped at 128 MiB, not at its size limit of 1 TiB"),
+        "{stderr}"
+    );
+    assert_eq!(dropped(&stdout), 0, "{stdout}");
+    let trace = Trace::open(&path).unwrap();
+    assert!(trace.warnings.is_empty(), "{:?}", trace.warnings);
+    assert_eq!(all_mem(&trace).len(), 100_000);
+    // 600 MiB spare: 512 MiB fits, an eighth of it is 64 MiB, and 3,000,000 events of 32
+    // bytes do not fit in it: recording stops there, every event kept or counted.
+    let (path, stdout, stderr) = run("as-full.pstrace", 600 << 20, 3_000_000);
+    assert!(stderr.contains("mapped at 64 MiB"), "{stderr}");
+    assert!(
+        stderr.contains("size limit of 67108864 bytes (the address space"),
+        "{stderr}"
+    );
+    let lost = dropped(&stdout);
+    assert!(lost > 0, "{stdout}");
+    assert!(std::fs::metadata(&path).unwrap().len() <= 64 << 20);
+    let trace = Trace::open(&path).unwrap();
+    assert_eq!(all_mem(&trace).len() as u64 + lost, 3_000_000);
+    // 32 MiB spare: not even 64 MiB; create says why.
+    let (_, stdout, _) = run("as-none.pstrace", 32 << 20, 1);
+    assert!(
+        stdout.contains("create error") && stdout.contains("Cannot allocate memory"),
+        "{stdout}"
+    );
+}
+
 mod fuzz {
     use super::*;
     use proptest::prelude::*;

@@ -6,6 +6,12 @@
 //! a write past the end of a mapped file raises SIGBUS, and a write into a sparse hole on a full
 //! disk does too, so blocks are allocated before a chunk is handed out, never after.
 //!
+//! Where the process has not `max_bytes` of address space left (`ulimit -v`; each recording
+//! holds its mapping until it is let go), the file is mapped at a share of what is left (see
+//! [`map_within`]), and that is its size cap, said on stderr when the recording begins: a
+//! recording that cannot reserve a terabyte still records, and leaves the training most of
+//! what there is.
+//!
 //! The process's file size limit (`RLIMIT_FSIZE`, `ulimit -f`) is a size cap like `max_bytes`:
 //! growing a file past it kills the process with SIGXFSZ, so the file is never grown past it;
 //! recording stops there and later events are dropped and counted.
@@ -35,6 +41,9 @@ const CLOSED: u64 = 1 << 63;
 /// Smallest growth step; steps double up to [`MAX_GROW_STEP`] so a long run makes few syscalls.
 const MIN_GROW_STEP: u64 = 4 << 20;
 const MAX_GROW_STEP: u64 = 256 << 20;
+
+/// The least address space a recording maps when `max_bytes` of it cannot be had.
+const MIN_MAPPED: u64 = 64 << 20;
 
 const SLOT_FREE: u8 = 0;
 const SLOT_OWNED: u8 = 1;
@@ -76,6 +85,65 @@ struct Ring {
 enum SizeCap {
     Config,
     FileSizeLimit,
+    AddressSpace,
+}
+
+/// Maps `max_bytes` of `file`. When the process has not that much address space left (ENOMEM:
+/// `ulimit -v`, or many recordings kept, each holding its mapping until it is let go), the
+/// mapping takes an eighth of the largest power-of-two fraction of `max_bytes` that could be
+/// had (at least [`MIN_MAPPED`] and `first_len`), so that the training keeps the rest for its
+/// own memory: the recording stops at that size, as this says on stderr. Returns the mapping,
+/// its length and what caps it.
+fn map_within(
+    file: &File,
+    path: &Path,
+    max_bytes: u64,
+    cap: SizeCap,
+    first_len: u64,
+) -> std::io::Result<(MmapRaw, u64, SizeCap)> {
+    let map = |len: u64| MmapOptions::new().len(len as usize).map_raw(file);
+    let floor = MIN_MAPPED.max(first_len);
+    let mut fits = max_bytes;
+    let error = loop {
+        match map(fits) {
+            Ok(m) if fits == max_bytes => return Ok((m, fits, cap)),
+            // Found how much fits: let it go, and take a share of it.
+            Ok(_) => break None,
+            Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory && fits / 2 >= floor => {
+                fits /= 2;
+            }
+            Err(e) => break Some(e),
+        }
+    };
+    if let Some(e) = error {
+        return Err(e);
+    }
+    let len = (fits / 8).max(floor);
+    let m = map(len)?;
+    eprintln!(
+        "poolsight: recording to {}: the process has little address space left (`ulimit -v`, or \
+         many recordings kept: each holds its size limit of it until it is let go), so the \
+         trace is mapped at {}, not at its size limit of {}, and stops at that size",
+        path.display(),
+        size_text(len),
+        size_text(max_bytes)
+    );
+    Ok((m, len, SizeCap::AddressSpace))
+}
+
+/// `bytes` in the largest binary unit it reaches: `1 TiB`, `2 GiB`, `1.5 GiB`, `256 MiB`.
+fn size_text(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20)] {
+        if bytes >= 1u64 << shift {
+            let v = bytes as f64 / (1u64 << shift) as f64;
+            return if v.fract() == 0.0 {
+                format!("{v:.0} {unit}")
+            } else {
+                format!("{v:.1} {unit}")
+            };
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 /// The process's soft file size limit in bytes, `None` when unlimited.
@@ -148,10 +216,8 @@ impl MappedFile {
             let _ = std::fs::remove_file(&at);
             e
         };
-        let map = MmapOptions::new()
-            .len(max_bytes as usize)
-            .map_raw(&file)
-            .map_err(|e| fail(err("map", e)))?;
+        let (map, max_bytes, cap) =
+            map_within(&file, path, max_bytes, cap, first_len).map_err(|e| fail(err("map", e)))?;
         let ring = ring.map(|(start, slot_len, slots)| Ring {
             start,
             slot_len,
@@ -299,6 +365,7 @@ impl MappedFile {
             let by = match self.cap {
                 SizeCap::Config => "RecorderConfig::max_bytes",
                 SizeCap::FileSizeLimit => "the process's file size limit, RLIMIT_FSIZE",
+                SizeCap::AddressSpace => "the address space the process had left for it",
             };
             self.fail(&format!(
                 "the trace reached its size limit of {} bytes ({by})",
