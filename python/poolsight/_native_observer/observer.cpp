@@ -23,8 +23,8 @@
 //   that track carry this one: a storage recorded here and freed on another thread (a queue's
 //   consumer, a checkpoint writer) is not reported. Every recorded storage whose free the
 //   allocator would report is therefore also held weakly (a "backstop" slot, let go when the
-//   report comes), and one such slot is looked at per operator: a free on another thread is
-//   told within as many operators as there are such storages alive.
+//   report comes), and one such slot is looked at per look, two looks per operator: a free
+//   on another thread is told within about as many operators as there are such storages.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
