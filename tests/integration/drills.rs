@@ -195,27 +195,69 @@ fn an_existing_file_is_replaced_only_when_asked_and_as_a_new_file() {
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
-/// A recording that cannot start leaves nothing at the path, so that the next try is not
-/// refused for a file it never wrote; and a file it was to replace stays as it was.
+/// Not a test: the child of `a_recording_that_cannot_start_leaves_nothing`, run with
+/// `--ignored`: with its address space limited to what it uses plus 32 MiB, not even the
+/// smallest mapping of a trace can be had, so every recording fails after its file was made.
 #[test]
-fn a_recording_that_cannot_start_leaves_nothing() {
-    let dir = scratch::dir();
+#[ignore = "child process of a_recording_that_cannot_start_leaves_nothing"]
+fn cannot_start_child_entry() {
+    let dir = PathBuf::from(std::env::var_os("POOLSIGHT_NO_START_DIR").expect("run by the test"));
     let path = dir.join("small.pstrace");
-    // A mapping larger than any address space: refused after the file was made.
-    let tiny = RecorderConfig {
-        max_bytes: 1 << 62,
-        ..config()
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let used_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let lim = libc::rlimit {
+        rlim_cur: (used_kib * 1024 + (32 << 20)) as libc::rlim_t,
+        rlim_max: libc::RLIM_INFINITY,
     };
-    assert!(Recorder::create(&path, tiny.clone()).is_err());
+    // SAFETY: setrlimit on this (child) process with a struct we own.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    assert!(Recorder::create(&path, config()).is_err());
     assert!(!path.exists());
     std::fs::write(&path, "keep me").unwrap();
     let replace = RecorderConfig {
         overwrite: true,
-        ..tiny
+        ..config()
     };
     assert!(Recorder::create(&path, replace).is_err());
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "keep me");
-    assert_eq!(std::fs::read_dir(&*dir).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+    println!("child done");
+}
+
+/// A recording that cannot start leaves nothing at the path, so that the next try is not
+/// refused for a file it never wrote; and a file it was to replace stays as it was. (Its
+/// mapping is what fails, after the file was made: in a child whose address space is limited.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_recording_that_cannot_start_leaves_nothing() {
+    let dir = scratch::dir();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "drills::cannot_start_child_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("POOLSIGHT_NO_START_DIR", &*dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child done"),
+        "{:?}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("small.pstrace")).unwrap(),
+        "keep me"
+    );
 }
 
 /// Readers open a live trace over and over while the recorder finishes and trims its
