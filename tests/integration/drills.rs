@@ -198,24 +198,13 @@ fn an_existing_file_is_replaced_only_when_asked_and_as_a_new_file() {
 /// Not a test: the child of `a_recording_that_cannot_start_leaves_nothing`, run with
 /// `--ignored`: with its address space limited to what it uses plus 32 MiB, not even the
 /// smallest mapping of a trace can be had, so every recording fails after its file was made.
+#[cfg(target_os = "linux")]
 #[test]
 #[ignore = "child process of a_recording_that_cannot_start_leaves_nothing"]
 fn cannot_start_child_entry() {
     let dir = PathBuf::from(std::env::var_os("POOLSIGHT_NO_START_DIR").expect("run by the test"));
     let path = dir.join("small.pstrace");
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let used_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    let lim = libc::rlimit {
-        rlim_cur: (used_kib * 1024 + (32 << 20)) as libc::rlim_t,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit on this (child) process with a struct we own.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    crate::support::limit_address_space(32 << 20);
     assert!(Recorder::create(&path, config()).is_err());
     assert!(!path.exists());
     std::fs::write(&path, "keep me").unwrap();
@@ -236,17 +225,10 @@ fn cannot_start_child_entry() {
 #[test]
 fn a_recording_that_cannot_start_leaves_nothing() {
     let dir = scratch::dir();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "drills::cannot_start_child_entry",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("POOLSIGHT_NO_START_DIR", &*dir)
-        .output()
-        .unwrap();
+    let out = crate::support::run_child_test(
+        "drills::cannot_start_child_entry",
+        &[("POOLSIGHT_NO_START_DIR", dir.as_os_str())],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("child done"),

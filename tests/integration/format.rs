@@ -595,18 +595,14 @@ fn fsize_child_entry() {
 fn the_file_size_limit_is_a_size_cap() {
     let run = |name: &str, limit: u64| {
         let path = tmp(name);
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "format::fsize_child_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("POOLSIGHT_FSIZE_CHILD", &path)
-            .env("POOLSIGHT_FSIZE_LIMIT", limit.to_string())
-            .output()
-            .unwrap();
+        let limit = limit.to_string();
+        let out = crate::support::run_child_test(
+            "format::fsize_child_entry",
+            &[
+                ("POOLSIGHT_FSIZE_CHILD", path.as_os_str()),
+                ("POOLSIGHT_FSIZE_LIMIT", limit.as_ref()),
+            ],
+        );
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
@@ -651,24 +647,13 @@ fn the_file_size_limit_is_a_size_cap() {
 /// Not a test: the child of `little_address_space_left_is_a_size_cap`, run with `--ignored`:
 /// limits its own address space to what it uses plus `POOLSIGHT_AS_SPARE` bytes, then records
 /// `POOLSIGHT_AS_EVENTS` events with the default `max_bytes` (1 TiB).
+#[cfg(target_os = "linux")]
 #[test]
 #[ignore = "child process of the RLIMIT_AS test"]
 fn address_space_child_entry() {
     let path = std::env::var_os("POOLSIGHT_AS_CHILD").expect("run by the RLIMIT_AS test");
     let number = |name: &str| -> u64 { std::env::var(name).unwrap().parse().unwrap() };
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let used_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    let lim = libc::rlimit {
-        rlim_cur: (used_kib * 1024 + number("POOLSIGHT_AS_SPARE")) as libc::rlim_t,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit on this (child) process with a struct we own.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    crate::support::limit_address_space(number("POOLSIGHT_AS_SPARE"));
     match Recorder::create(PathBuf::from(path), small_config()) {
         Err(e) => println!("create error: {e}"),
         Ok(rec) => {
@@ -690,19 +675,15 @@ fn address_space_child_entry() {
 fn little_address_space_left_is_a_size_cap() {
     let run = |name: &str, spare: u64, events: u64| {
         let path = tmp(name);
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "format::address_space_child_entry",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("POOLSIGHT_AS_CHILD", &path)
-            .env("POOLSIGHT_AS_SPARE", spare.to_string())
-            .env("POOLSIGHT_AS_EVENTS", events.to_string())
-            .output()
-            .unwrap();
+        let (spare, events) = (spare.to_string(), events.to_string());
+        let out = crate::support::run_child_test(
+            "format::address_space_child_entry",
+            &[
+                ("POOLSIGHT_AS_CHILD", path.as_os_str()),
+                ("POOLSIGHT_AS_SPARE", spare.as_ref()),
+                ("POOLSIGHT_AS_EVENTS", events.as_ref()),
+            ],
+        );
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(

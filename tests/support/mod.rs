@@ -59,3 +59,40 @@ pub fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Outcome {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Runs the ignored test `name` (`module::function`) of this test binary alone, in a child
+/// process with `env` added: for what must not touch the test process itself (its resource
+/// limits).
+pub fn run_child_test(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+    let mut child = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    child.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (key, value) in env {
+        child.env(key, value);
+    }
+    child.output().expect("run the child test")
+}
+
+/// Limits this process's address space (`RLIMIT_AS`, `ulimit -v`) to what it maps now plus
+/// `spare` bytes. For a child process only ([`run_child_test`]).
+#[cfg(target_os = "linux")]
+pub fn limit_address_space(spare: u64) {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let used_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmSize in /proc/self/status");
+    let lim = libc::rlimit {
+        rlim_cur: (used_kib * 1024 + spare) as libc::rlim_t,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit on this process with a struct we own.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+}
