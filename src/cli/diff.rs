@@ -313,8 +313,7 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
             DiffFormat::Json => {
                 let mut json = d.json(&show);
                 json.partial = partial;
-                serde_json::to_writer_pretty(&mut text, &json).map_err(std::io::Error::from)?;
-                writeln!(text)?;
+                output::write_json(&mut text, &json)?;
             }
         }
         text.flush()?;

@@ -37,6 +37,13 @@ pub fn write_text(
     }
 }
 
+/// `value` as pretty JSON and a newline, written as it is made; a closed pipe or a full disk
+/// is its I/O error.
+pub fn write_json(out: &mut impl Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value).map_err(std::io::Error::from)?;
+    writeln!(out)
+}
+
 /// Views as one JSON array, each view's object with its `trace` added, made one view at a
 /// time as it is written.
 struct Traces<'a, T>(&'a [(String, T)]);
@@ -72,12 +79,10 @@ pub fn emit<T: serde::Serialize>(
             // buffered: standard output flushes at every line.
             let mut text = std::io::BufWriter::with_capacity(1 << 16, &mut *out);
             if views.len() == 1 && views[0].0.is_empty() {
-                serde_json::to_writer_pretty(&mut text, &views[0].1)
+                write_json(&mut text, &views[0].1)?;
             } else {
-                serde_json::to_writer_pretty(&mut text, &Traces(views))
+                write_json(&mut text, &Traces(views))?;
             }
-            .map_err(std::io::Error::from)?;
-            writeln!(text)?;
             text.flush()?;
         }
         Format::Csv if views.iter().any(|(name, _)| !name.is_empty()) => {
