@@ -10,6 +10,8 @@ hooks installed before the first epoch's clock starts, and finished after the la
 those costs are once per run, printed on their own:
 
 - ``plain``: no recording;
+- ``plain (again)``: the same, a second time in each repeat: its ratios are the machine's
+  noise, the yardstick for every other row's;
 - ``track``, ``hook``, ``track+hook``: ``poolsight.torch.track(model, optimizer)`` and
   ``poolsight.torch.hook(model)``, alone and together, as the README shows them, with each
   backend: ``(native)``, PyTorch's C++ callbacks (built on first use, before the clocks
@@ -17,6 +19,9 @@ those costs are once per run, printed on their own:
 - ``MemTracker``: ``torch.distributed._tools.mem_tracker.MemTracker`` (PyTorch's per-category
   tracker), the step inside it;
 - ``profiler``: ``torch.profiler.profile(profile_memory=True, with_stack=True)``;
+- ``memory history`` (with ``--device cuda`` only): PyTorch's CUDA memory history,
+  ``torch.cuda.memory._record_memory_history(stacks="python")``, and the snapshot taken when the
+  run ends (what the viewer and ``poolsight`` read);
 - ``empty mode``: a ``TorchDispatchMode`` that only calls each operator: the floor of any
   per-operator observer written in Python;
 - ``empty bound``: the same with its ``__torch_dispatch__`` set on the instance, as poolsight's
@@ -25,9 +30,12 @@ those costs are once per run, printed on their own:
 
 CPU time is the process's (every thread); ``thread s`` is the training thread's alone (the rest
 is other threads', the recorder's, which faults the trace's pages in ahead of the writers,
-among them).
+among them). With ``--device cuda`` the model and data are on the GPU, and the ratios are of
+wall time (each step ends with ``loss.item()``, which waits for the GPU): what the step costs
+there, where the host's time per operator is often what bounds it.
 
-    python python/benchmarks/torch_overhead.py [--repeats 7] [--epochs 3] [--steps 16] [--profile]
+    python python/benchmarks/torch_overhead.py [--repeats 7] [--epochs 3] [--steps 16]
+        [--device cpu|cuda[:N]] [--only VARIANT ...] [--profile]
 
 ``--profile`` runs ``track+hook`` once more under cProfile and prints where its time goes.
 Nothing is asserted: the figures are printed, with the machine's load next to them.
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -77,12 +86,12 @@ class Net(nn.Module):
         return self.head(h.mean(dim=1))
 
 
-def make(seed: int = 0):
+def make(seed: int = 0, device: str = "cpu"):
     torch.manual_seed(seed)
-    model = Net()
+    model = Net().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    images = torch.randn(512, 3, 32, 32)
-    labels = torch.randint(0, 10, (512,))
+    images = torch.randn(512, 3, 32, 32).to(device)
+    labels = torch.randint(0, 10, (512,)).to(device)
     return model, optimizer, images, labels
 
 
@@ -90,7 +99,7 @@ def epoch(model, optimizer, images, labels, steps: int, batch: int = 32, after_s
     model.train()
     total = 0.0
     for i in range(steps):
-        idx = torch.arange(i * batch, (i + 1) * batch) % images.shape[0]
+        idx = torch.arange(i * batch, (i + 1) * batch, device=images.device) % images.shape[0]
         x, y = images[idx], labels[idx]
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
@@ -102,8 +111,10 @@ def epoch(model, optimizer, images, labels, steps: int, batch: int = 32, after_s
     return total
 
 
-def variants(tmp: str):
-    """name -> a function(model, optimizer) returning a context manager around one epoch."""
+def variants(tmp: str, device: str = "cpu"):
+    """name -> a function(model, optimizer) returning a context manager around one epoch
+    (``memory history`` only on a CUDA ``device``)."""
+    cuda = device.startswith("cuda")
     counter = iter(range(1 << 30))
 
     @contextlib.contextmanager
@@ -130,12 +141,20 @@ def variants(tmp: str):
 
     @contextlib.contextmanager
     def profiler(model, optimizer):
-        with torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
-            profile_memory=True,
-            with_stack=True,
-        ):
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, profile_memory=True, with_stack=True):
             yield
+
+    @contextlib.contextmanager
+    def memory_history(model, optimizer):
+        torch.cuda.memory._record_memory_history(stacks="python")
+        try:
+            yield
+            torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
 
     class Empty(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -159,8 +178,9 @@ def variants(tmp: str):
         with Bound():
             yield
 
-    return {
+    table = {
         "plain": lambda m, o: contextlib.nullcontext(),
+        "plain (again)": lambda m, o: contextlib.nullcontext(),
         "empty mode": empty_mode,
         "empty bound": empty_bound,
         "track (native)": lambda m, o: recorded(m, o, True, False, "native"),
@@ -172,14 +192,23 @@ def variants(tmp: str):
         "MemTracker": memtracker,
         "profiler": profiler,
     }
+    if cuda:
+        table["memory history"] = memory_history
+    return table
 
 
-def run_once(ctx_of, steps: int, epochs: int = 1) -> tuple[list, list, list, float]:
+#: Variants that need a CUDA device (``--device cuda``).
+CUDA_ONLY = ("memory history",)
+
+
+def run_once(
+    ctx_of, steps: int, epochs: int = 1, device: str = "cpu"
+) -> tuple[list, list, list, float]:
     """Training under a variant, ``epochs`` epochs of ``steps`` steps inside one recording (as
     a user records a run): each epoch's CPU time (process, then training thread) and wall time,
     and the CPU time of entering and leaving the variant (opening and finishing the recording,
     installing hooks; once per run, not per epoch)."""
-    model, optimizer, images, labels = make()
+    model, optimizer, images, labels = make(device=device)
     # Warm-up step outside the measurement (first-call costs of every op and of AdamW's state).
     epoch(model, optimizer, images, labels, 1)
     s0 = time.process_time()
@@ -198,7 +227,7 @@ def run_once(ctx_of, steps: int, epochs: int = 1) -> tuple[list, list, list, flo
     return cpu, thread, wall, (inside - s0) + (time.process_time() - c1)
 
 
-def operators(steps: int, epochs: int) -> int:
+def operators(steps: int, epochs: int, device: str = "cpu") -> int:
     """The ATen operators of one run, as a dispatch mode sees them (those poolsight scopes)."""
     seen = 0
 
@@ -208,7 +237,7 @@ def operators(steps: int, epochs: int) -> int:
             seen += 1
             return func(*args, **(kwargs or {}))
 
-    model, optimizer, images, labels = make()
+    model, optimizer, images, labels = make(device=device)
     epoch(model, optimizer, images, labels, 1)
     with Count():
         for _ in range(epochs):
@@ -224,6 +253,24 @@ def positive(text: str) -> int:
     return n
 
 
+def device_arg(text: str) -> str:
+    """An argparse type: ``cpu``, or ``cuda``/``cuda:N`` where PyTorch sees that device."""
+    if text == "cpu":
+        return text
+    if text != "cuda" and not re.fullmatch(r"cuda:\d+", text):
+        raise argparse.ArgumentTypeError(f"cpu, cuda or cuda:N, not {text!r}")
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(
+            f"{text}: PyTorch sees no CUDA device here (torch.cuda.is_available() is False)"
+        )
+    index = int(text.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text}: PyTorch sees {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return text
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=positive, default=7)
@@ -231,6 +278,12 @@ def main() -> None:
         "--steps", type=positive, default=16, help="steps per epoch (16: the 512 images once)"
     )
     ap.add_argument("--epochs", type=positive, default=3, help="epochs per recorded run")
+    ap.add_argument(
+        "--device",
+        type=device_arg,
+        default="cpu",
+        help="where the model trains: cpu (default), cuda or cuda:N (ratios of wall time)",
+    )
     ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
     ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
     ap.add_argument(
@@ -238,72 +291,83 @@ def main() -> None:
     )
     args = ap.parse_args()
     torch.set_num_threads(1)
+    device = args.device
+    cuda = device != "cpu"
+    if cuda:
+        torch.cuda.set_device(device)
     with tempfile.TemporaryDirectory() as tmp:
-        table = variants(tmp)
+        table = variants(tmp, device)
         names = args.only or list(table)
-        unknown = [n for n in names if n not in table]
-        if unknown:
-            ap.error(f"--only: no variant {unknown[0]!r} (variants: {', '.join(table)})")
+        for n in names:
+            if n in CUDA_ONLY and not cuda:
+                ap.error(f"--only: {n!r} needs --device cuda")
+            if n not in table:
+                ap.error(f"--only: no variant {n!r} (variants: {', '.join(table)})")
+        if args.profile and args.profile_variant not in table:
+            ap.error(f"--profile-variant: no variant {args.profile_variant!r}")
         if "plain" not in names:
             names.insert(0, "plain")
         # Per variant, per repeat: the run's CPU time (all epochs), its first epoch's, the
-        # training thread's, wall time, and the once-per-run cost.
-        runs: dict[str, list[tuple[float, float, float, float, float]]] = {n: [] for n in names}
+        # training thread's, wall time (all epochs, the first), and the once-per-run cost.
+        runs: dict[str, list[tuple[float, ...]]] = {n: [] for n in names}
         for n in names:
-            run_once(
-                table[n], 1
-            )  # first-use costs (PyTorch imports its compiler at a mode's first op)
+            # First-use costs (PyTorch imports its compiler at a mode's first op).
+            run_once(table[n], 1, device=device)
         for r in range(args.repeats):
             # Alternate the order so that drift in the machine's load spreads over all.
             order = names if r % 2 == 0 else list(reversed(names))
             for n in order:
-                cpu, thread, wall, once = run_once(table[n], args.steps, args.epochs)
-                runs[n].append((sum(cpu), cpu[0], sum(thread), sum(wall), once))
+                cpu, thread, wall, once = run_once(table[n], args.steps, args.epochs, device)
+                runs[n].append((sum(cpu), cpu[0], sum(thread), sum(wall), once, wall[0]))
+        # What the ratios compare: CPU time on the CPU, wall time on a GPU.
+        total, first_of, basis = (3, 5, "wall") if cuda else (0, 1, "CPU")
 
         def med(n: str, i: int) -> float:
             return statistics.median(run[i] for run in runs[n])
 
         def paired(n: str) -> float:
-            # Each repeat's CPU time over the plain run's of the same repeat (run beside it):
-            # the median of those ratios follows the machine's drift less than a ratio of
-            # medians.
+            # Each repeat's time over the plain run's of the same repeat (run beside it): the
+            # median of those ratios follows the machine's drift less than a ratio of medians.
             return statistics.median(
-                mine[0] / plain[0] for mine, plain in zip(runs[n], runs["plain"])
+                mine[total] / plain[total] for mine, plain in zip(runs[n], runs["plain"])
             )
 
-        base, base_first = med("plain", 0), med("plain", 1)
-        ops = operators(args.steps, args.epochs)
+        base, base_first = med("plain", total), med("plain", first_of)
+        ops = operators(args.steps, args.epochs, device)
         later = args.epochs > 1
         later_head = f"{'later':>9}" if later else ""
+        where = torch.cuda.get_device_name(device) if cuda else "1 intra-op thread"
         print(
-            f"torch {torch.__version__}, {args.epochs} epoch(s) of {args.steps} steps of 32 "
-            f"images per recorded run, medians of {args.repeats} alternated repeats, 1 intra-op "
-            f"thread, load average {os.getloadavg()[0]:.2f}"
+            f"torch {torch.__version__} on {device} ({where}), {args.epochs} epoch(s) of "
+            f"{args.steps} steps of 32 images per recorded run, medians of {args.repeats} "
+            f"alternated repeats, load average {os.getloadavg()[0]:.2f}"
         )
         print(
             f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
-            f"{'x plain (CPU)':>14} {'paired':>7} {'epoch 1':>8}{later_head} {'once s':>8} "
-            f"{'us/op':>7}"
+            f"{f'x plain ({basis})':>14} {'paired':>7} {'epoch 1':>8}{later_head} "
+            f"{'once s':>8} {'us/op':>7}"
         )
         for n in names:
-            c, first, t, w, o = (med(n, i) for i in range(5))
+            c, t, w, o = (med(n, i) for i in (0, 2, 3, 4))
+            mine, first = med(n, total), med(n, first_of)
             rest = ""
             if later:
-                rest = f"{(c - first) / (base - base_first):>9.2f}"
+                rest = f"{(mine - first) / (base - base_first):>9.2f}"
             print(
-                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {c / base:>14.2f} {paired(n):>7.3f} "
-                f"{first / base_first:>8.2f}{rest} {o:>8.3f} {(c - base) / ops * 1e6:>+7.2f}"
+                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {mine / base:>14.2f} "
+                f"{paired(n):>7.3f} {first / base_first:>8.2f}{rest} {o:>8.3f} "
+                f"{(mine - base) / ops * 1e6:>+7.2f}"
             )
         print(
-            "x plain: the run's CPU time against the plain run's (medians); paired: the median "
-            "of each repeat's ratio to the plain run beside it; epoch 1: its first epoch's "
-            "alone (the recording's first sight of every stack and tensor)"
+            f"x plain: the run's {basis} time against the plain run's (medians); paired: the "
+            "median of each repeat's ratio to the plain run beside it; epoch 1: its first "
+            "epoch's alone (the recording's first sight of every stack and tensor)"
             + ("; later: the other epochs'" if later else "")
         )
         print("once: CPU time to begin and end the variant (recording, hooks), once per run")
         print(
-            f"us/op: CPU microseconds per operator over the plain run ({ops:,} operators a run, "
-            "as a dispatch mode sees them)"
+            f"us/op: {basis} microseconds per operator over the plain run ({ops:,} operators a "
+            "run, as a dispatch mode sees them)"
         )
         if args.profile:
             import cProfile
@@ -311,7 +375,8 @@ def main() -> None:
 
             prof = cProfile.Profile()
             prof.enable()
-            run_once(table[args.profile_variant], args.steps, args.epochs)  # cProfile: all of it
+            # cProfile: all of it.
+            run_once(table[args.profile_variant], args.steps, args.epochs, device)
             prof.disable()
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 

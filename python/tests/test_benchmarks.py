@@ -77,3 +77,46 @@ def test_a_count_below_one_is_a_usage_error(script):
     )
     assert proc.returncode == 2, proc.stderr
     assert "--steps: must be at least 1, not 0" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--device", "gpu"], "--device: cpu, cuda or cuda:N, not 'gpu'"),
+        (["--only", "memory history"], "--only: 'memory history' needs --device cuda"),
+        (["--only", "profiler", "nothing"], "--only: no variant 'nothing'"),
+        (["--profile", "--profile-variant", "nothing"], "--profile-variant: no variant"),
+    ],
+)
+def test_torch_overhead_says_what_is_wrong_with_its_arguments(args, message):
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "torch_overhead.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_torch_overhead_on_cuda_compares_wall_time_beside_the_memory_history():
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "torch_overhead.py"), "--device", "cuda"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "PyTorch sees no CUDA device here" in proc.stderr, proc.stderr
+        pytest.skip("no CUDA device: the benchmark refuses --device cuda, as it should")
+    out = run(
+        "torch_overhead.py",
+        *("--device", "cuda", "--repeats", "1", "--epochs", "2", "--steps", "1"),
+        *("--only", "track+hook (native)", "memory history"),
+    )
+    assert re.search(r"x plain \(wall\)", out), out
+    for variant in ("plain", "track+hook (native)", "memory history"):
+        assert re.search(rf"^{re.escape(variant)}{RATIO * 8}\s+[+-]\d+\.\d+$", out, re.M), out
