@@ -302,7 +302,10 @@ class Recording:
 
     def finish(self, pack: str | os.PathLike[str] | bool | None = None) -> dict:
         """Seals the trace file. Returns what was written: events, chunks, dropped_events,
-        file_bytes. Raises :class:`PoolsightError` if it was already finished.
+        file_bytes, and forked: True in a process forked from the one that started the
+        recording (a ``DataLoader`` worker), which records nothing into it and leaves the file
+        to its parent (nothing written, nothing packed). Raises :class:`PoolsightError` if it
+        was already finished.
 
         ``pack`` (default: what :func:`record` was given) also writes a packed copy of the
         sealed file (see :func:`pack`): a path, or ``True`` for the trace's name with

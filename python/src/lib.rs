@@ -147,10 +147,11 @@ impl Recorder {
         self.session.dropped_events()
     }
 
-    /// Seals the file; returns {events, chunks, dropped_events, file_bytes}. With ``pack``, then
-    /// writes a packed copy there (zstd ``level``, by default `poolsight pack`'s), as
-    /// ``FinishPacked::finish_packed`` does, and adds ``packed_path``, ``packed_bytes`` and
-    /// ``packed_warnings`` (the reader's).
+    /// Seals the file; returns {events, chunks, dropped_events, file_bytes, forked}
+    /// (``forked``: this process was forked from the recording one, and left the file alone).
+    /// With ``pack``, then writes a packed copy there (zstd ``level``, by default `poolsight
+    /// pack`'s), as ``FinishPacked::finish_packed`` does, and adds ``packed_path``,
+    /// ``packed_bytes`` and ``packed_warnings`` (the reader's).
     #[pyo3(signature = (pack=None, level=None))]
     fn finish<'py>(
         &self,
@@ -165,7 +166,9 @@ impl Recorder {
         d.set_item("chunks", s.chunks)?;
         d.set_item("dropped_events", s.dropped_events)?;
         d.set_item("file_bytes", s.file_bytes)?;
-        if let Some(out) = pack {
+        d.set_item("forked", s.forked)?;
+        // A forked child's copy of the recording wrote nothing: the parent packs its trace.
+        if let Some(out) = pack.filter(|_| !s.forked) {
             let live = self.session.file_path();
             let done = py
                 .detach(|| poolsight::pack_finished(&live, s, &out, &opts))

@@ -123,6 +123,7 @@ impl Handle {
             return CpuSampler {
                 stop: Arc::default(),
                 thread: None,
+                forks: 0,
             };
         }
         let stop: Arc<(Mutex<bool>, Condvar)> = Arc::default();
@@ -139,7 +140,11 @@ impl Handle {
                 None
             }
         };
-        CpuSampler { stop, thread }
+        CpuSampler {
+            stop,
+            thread,
+            forks: crate::writer::fork::generation(),
+        }
     }
 }
 
@@ -175,10 +180,17 @@ fn take_sample(handle: &Handle, source: CpuSource, rss_peak: Option<&AtomicU64>)
 pub struct CpuSampler {
     stop: Arc<(Mutex<bool>, Condvar)>,
     thread: Option<JoinHandle<()>>,
+    /// The fork generation it started in: a forked child has no sampler thread to stop.
+    forks: u64,
 }
 
 impl Drop for CpuSampler {
     fn drop(&mut self) {
+        if self.thread.is_some() && crate::writer::fork::forked_since(self.forks) {
+            // The thread is the parent's; its lock may have been held when the child forked.
+            std::mem::forget(self.thread.take());
+            return;
+        }
         let (lock, cv) = &*self.stop;
         *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
         cv.notify_all();

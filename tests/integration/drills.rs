@@ -700,3 +700,59 @@ fn reports_of_a_100000_deep_stack_run_on_a_default_thread() {
         assert!(out.contains("Recurse"), "{cmd}");
     }
 }
+
+/// A process forked while recording (a `DataLoader`'s workers) records nothing into its parent's
+/// trace, even when it records, interns and finishes: before, its events landed on the parent's
+/// chunks (half of them lost), and its `finish` cut the file short under the parent, which then
+/// died of SIGBUS at its next chunk.
+#[test]
+fn a_forked_child_leaves_its_parents_trace_alone() {
+    use poolsight::recorder::{Frame, FrameKind};
+    let dir = scratch::dir();
+    let path = dir.join("t.pstrace");
+    let rec = Recorder::create(&path, config()).unwrap();
+    for i in 0..100 {
+        rec.record_mem(malloc(i));
+    }
+    // SAFETY: the child records, interns, finishes its copy of the recorder and leaves with
+    // _exit: no test harness code runs there.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        for i in 0..20_000 {
+            rec.record_mem(malloc(1_000_000 + i));
+        }
+        rec.intern_frames(&[Frame {
+            kind: FrameKind::Function,
+            phase: Phase::None,
+            file: "child.py".into(),
+            line: 1,
+            name: "child_only".into(),
+        }]);
+        let dropped = rec.dropped_events();
+        let finished = rec.finish();
+        let ok = dropped == 20_000 && matches!(finished, Ok(s) if s.forked && s.file_bytes == 0);
+        // SAFETY: leaves the child without running anything of the parent's.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child made above.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child did not drop its events, or finished the file: {status}"
+    );
+    for i in 100..30_000 {
+        rec.record_mem(malloc(i));
+    }
+    let summary = rec.finish().unwrap();
+    assert_eq!((summary.dropped_events, summary.forked), (0, false));
+    let t = Trace::open(&path).unwrap();
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+    assert_eq!(mallocs(&path), (1..=30_000).collect::<Vec<u64>>());
+    assert!(!t
+        .defs
+        .strings
+        .values()
+        .any(|s| s == "child_only" || s == "child.py"));
+}

@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pthread.h>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -238,6 +239,14 @@ void sweep(const Table* t, bool all = false, std::vector<Output>* outs = nullptr
 
 std::atomic<const Table*> table{nullptr};
 at::CallbackHandle handle = 0;
+
+// A process forked while tracking (a DataLoader's workers, multiprocessing's fork) inherits the
+// callback and the tracking thread's state. There the observer does nothing: the recorder drops
+// what a forked child records anyway, and a lock another thread held at the fork would never be
+// let go.
+std::atomic<bool> forked{false};
+
+void in_child() { forked.store(true, std::memory_order_relaxed); }
 std::atomic<uint64_t> shadowed{0};
 
 // The allocator's reports on the threads that track: a profiler state that is not a profiler
@@ -248,11 +257,13 @@ struct Reporter final : torch::profiler::impl::ProfilerStateBase {
       : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(
             torch::profiler::impl::ProfilerState::Disabled, false, true)) {}
 
-  bool memoryProfilingEnabled() const override { return active.load(std::memory_order_relaxed); }
+  bool memoryProfilingEnabled() const override {
+    return active.load(std::memory_order_relaxed) && !forked.load(std::memory_order_relaxed);
+  }
 
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device)
       override {
-    if (!active.load(std::memory_order_relaxed)) return;
+    if (!active.load(std::memory_order_relaxed) || forked.load(std::memory_order_relaxed)) return;
     if (alloc_size >= 0) {
       if (alloc_size > 0 && local.inside > 0) {
         local.fresh.push_back(reinterpret_cast<uint64_t>(ptr));
@@ -327,7 +338,7 @@ OpKind learn(const at::RecordFunction& fn) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const Table* t = table.load(std::memory_order_acquire);
-  if (t == nullptr) return nullptr;
+  if (t == nullptr || forked.load(std::memory_order_relaxed)) return nullptr;
   auto* state = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
   if (state != reporter.get()) {
     // Not a thread that tracks, unless it entered, or works for one that did, while a profiler
@@ -386,7 +397,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   const uint32_t handle = here.handle;
   here.handle = 0;
   const Table* t = table.load(std::memory_order_acquire);
-  if (t == nullptr || handle == 0) return;
+  if (t == nullptr || handle == 0 || forked.load(std::memory_order_relaxed)) return;
   // Ended by an exception unwinding through the dispatcher: a call that raised.
   const bool raised = std::uncaught_exceptions() > 0;
   std::vector<Output> outs;
@@ -487,8 +498,12 @@ uint32_t poolsight_observer_version() { return kTableVersion; }
 // (another table is installed) or 2 (a wrong table version).
 int poolsight_observer_install(const Table* t) {
   if (t == nullptr || t->version != kTableVersion) return 2;
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, in_child); });
   const Table* none = nullptr;
   if (!table.compare_exchange_strong(none, t)) return 1;
+  // A forked child's own recording (none of its parent's was installed when it forked).
+  forked.store(false, std::memory_order_relaxed);
   shadowed.store(0);
   return 0;
 }
@@ -496,6 +511,11 @@ int poolsight_observer_install(const Table* t) {
 // Stops calling the table; returns the operator calls seen while a profiler's own state hid
 // the allocator's reports.
 uint64_t poolsight_observer_remove() {
+  if (forked.load(std::memory_order_relaxed)) {
+    // A forked child leaving track(): its copies of the watches are the parent's to tell.
+    table.store(nullptr, std::memory_order_release);
+    return 0;
+  }
   // The storages watched that are gone by now are freed in the trace; the rest were live when
   // tracking ended.
   if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true);

@@ -101,6 +101,11 @@ impl Interner {
 
 impl Shared {
     fn with_interner<R>(&self, f: impl FnOnce(&mut Interner) -> R) -> R {
+        if self.forked() {
+            // A forked child writes no definitions to its parent's trace, and takes no lock
+            // that a thread of the parent may have held when it forked.
+            return f(&mut Interner::default());
+        }
         let mut guard = match self.interner.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),

@@ -12,6 +12,7 @@
 mod chunk;
 mod defs;
 mod file;
+pub(crate) mod fork;
 mod prepare;
 mod thread;
 
@@ -116,6 +117,9 @@ pub struct Summary {
     pub chunks: u64,
     pub dropped_events: u64,
     pub file_bytes: u64,
+    /// This process is a child forked from the one that created the recorder (a `DataLoader`
+    /// worker): it recorded nothing, and left the file alone for its parent to finish.
+    pub forked: bool,
 }
 
 /// Keys per-recorder caches in thread-locals: a counter, never an address, because an address
@@ -139,9 +143,18 @@ pub(crate) struct Shared {
     interner: Mutex<defs::Interner>,
     footer: Region,
     calibration: Calibration,
+    /// The fork generation this recorder was created in: a child forked since then holds a
+    /// copy of it and must not write (see [`fork`]).
+    forks: u64,
 }
 
 impl Shared {
+    /// Whether this process is a child forked since the recorder was created.
+    #[inline]
+    fn forked(&self) -> bool {
+        fork::forked_since(self.forks)
+    }
+
     fn next_seq(&self) -> u64 {
         self.seq.fetch_add(1, Ordering::Relaxed)
     }
@@ -252,6 +265,7 @@ impl Recorder {
             interner: Mutex::new(defs::Interner::default()),
             footer,
             calibration,
+            forks: fork::generation(),
         };
         Ok(Recorder {
             handle: Handle {
@@ -281,6 +295,17 @@ impl Recorder {
     fn finish_inner(&mut self, end: Option<u64>) -> Result<Summary, RecorderError> {
         self.finished = true;
         let shared = &self.handle.shared;
+        if shared.forked() {
+            // The parent finishes its trace; a forked child leaves the file alone.
+            shared.closed.store(true, Ordering::Release);
+            return Ok(Summary {
+                events: 0,
+                chunks: 0,
+                dropped_events: shared.dropped.load(Ordering::Relaxed),
+                file_bytes: 0,
+                forked: true,
+            });
+        }
         thread::seal_current_thread(shared);
         shared.closed.store(true, Ordering::Release);
         let data_end = shared.file.close();
@@ -311,6 +336,7 @@ impl Recorder {
             chunks: shared.chunks.load(Ordering::Relaxed),
             dropped_events: fields.dropped_events,
             file_bytes: data_end,
+            forked: false,
         })
     }
 }

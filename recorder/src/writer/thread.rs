@@ -247,6 +247,11 @@ pub(crate) fn with_writer(shared: &Arc<Shared>, f: impl FnOnce(&mut ThreadWriter
 #[cold]
 #[inline(never)]
 fn with_writer_slow(shared: &Arc<Shared>, f: impl FnOnce(&mut ThreadWriter)) {
+    if shared.forked() {
+        // A forked child never caches its parent's recorder in `LAST` (its writers were
+        // abandoned at the fork): every event of it comes here, and goes no further.
+        return shared.count_dropped(1);
+    }
     let ran = WRITERS.try_with(|cell| {
         // SAFETY: as in with_writer; `LAST` is not used while this reference lives.
         let writers = unsafe { &mut *cell.get() };
@@ -277,6 +282,18 @@ fn find_or_create<'a>(writers: &'a mut Writers, shared: &Arc<Shared>) -> &'a mut
         }
     };
     &mut writers.0[idx]
+}
+
+/// In a forked child: lets go of this thread's writers without sealing them (their chunks are
+/// in the parent's trace, which the parent goes on writing). Leaks them: the child must not
+/// run their destructors.
+pub(crate) fn abandon_writers() {
+    forget_last();
+    let _ = WRITERS.try_with(|cell| {
+        // SAFETY: as in with_writer; the child's only thread runs this, between two events.
+        let writers = unsafe { &mut *cell.get() };
+        std::mem::forget(std::mem::take(&mut writers.0));
+    });
 }
 
 /// Seals this thread's chunks of `shared` (used by `finish` on the finishing thread).
