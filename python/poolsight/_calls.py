@@ -50,6 +50,20 @@ class OpenCalls(threading.local):
         stack ``parent``), after closing as aborted the calls that ended without their post
         hook."""
         self.settle(native, frame)
+        self.open(native, frame, kind, name, phase, file, line, parent)
+
+    def open(
+        self,
+        native: Any,
+        frame: Any,
+        kind: int,
+        name: str,
+        phase: int,
+        file: str,
+        line: int,
+        parent: int | None = None,
+    ):
+        """:meth:`enter` for a hook that has just settled the calls itself (to read them)."""
         if parent is None:
             token = native.enter(kind, name, phase, file, line)
         else:

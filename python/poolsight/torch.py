@@ -184,7 +184,7 @@ class _State:
             calls.settle(native, frame)
             # In backward (a recomputation), the line that called backward().
             parent = state.user_parent(frame)
-            calls.enter(native, frame, _KIND_LINK, name, 0, file, line, parent)
+            calls.open(native, frame, _KIND_LINK, name, 0, file, line, parent)
             hot.calls_now(len(calls.calls))
             if not _in_backward():
                 if len(calls.calls) == 1 and hot.backward_ran:
@@ -409,7 +409,7 @@ class _State:
             self.steps.clear()
             self.hot.step_forward = False
         parent = self.user_parent(frame)
-        calls.enter(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
+        calls.open(native, frame, _KIND_SCOPE, f"{type(opt).__name__}.step", 0, "", 0, parent)
         token = calls.calls[-1][1]
         self.hot.calls_now(len(calls.calls))
         self.steps[id(token)] = (token, self.sites.user_frame(frame))
