@@ -568,7 +568,6 @@ impl TorchState {
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let this = slf.get();
-        let info = this.op_info(py, func)?;
         let empty;
         let args = match args {
             Some(a) => a,
@@ -577,6 +576,11 @@ impl TorchState {
                 &empty
             }
         };
+        if this.session().forked() {
+            // A forked child (a DataLoader worker) inherits the mode; it records nothing.
+            return func.call(args, kwargs);
+        }
+        let info = this.op_info(py, func)?;
         let tracking = this.tracking.load(Relaxed);
         if this.ops.load(Relaxed) == 0 || !info.scoped {
             let out = func.call(args, kwargs)?;

@@ -82,3 +82,31 @@ def test_dataloader_workers_leave_a_tracked_run_whole(trace, backend):
     assert "aten::addmm" in names, sorted(names)
     assert not any("cumsum" in n or "arange" in n for n in names), sorted(names)
     print(f"{backend}: {len(names)} functions, none of the workers'", file=sys.stderr)
+
+
+def test_a_forked_child_passes_operators_over(trace, backend):
+    """In a worker, neither backend does its work per operator (it would all be dropped): the
+    native observer is inert there, and the dispatch mode calls the operator straight away."""
+    torch = pytest.importorskip("torch")
+    import poolsight.torch as pst
+
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16)
+    with poolsight.record(trace), pst.track(model, opt) as tracker:
+        x = x * 2  # recorded here, in the parent
+        seen = tracker.recorded
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                ys = [x + i for i in range(100)]
+                code = 0 if tracker.recorded == seen and len(ys) == 100 else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child recorded its operators' outputs"
+        y = x + 1  # and here again
+        assert tracker.recorded == seen + 1, (tracker.recorded, seen)
+    assert y.shape == (16,)
+    whole(trace)

@@ -455,6 +455,13 @@ impl Handle {
         self.shared.define_device(device)
     }
 
+    /// Whether this process is a child forked since the recorder was created (a `DataLoader`
+    /// worker): what it records here is dropped, so an observer may pass its work over.
+    #[inline]
+    pub fn forked(&self) -> bool {
+        self.shared.forked()
+    }
+
     /// Events dropped so far (the file could not grow, or recording had stopped).
     pub fn dropped_events(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
