@@ -110,14 +110,14 @@ impl Session {
         }
     }
 
-    /// Events that could not be recorded: the recorder's own (a full disk, a size limit), and
-    /// calls that came after `finish`.
     /// [`Handle::forked`]: this process is a child forked from the recording one.
     #[inline]
     pub fn forked(&self) -> bool {
         self.handle.forked()
     }
 
+    /// Events that could not be recorded: the recorder's own (a full disk, a size limit), and
+    /// calls that came after `finish`.
     pub fn dropped_events(&self) -> u64 {
         self.handle.dropped_events() + self.late.load(Ordering::Relaxed)
     }

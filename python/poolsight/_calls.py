@@ -35,22 +35,12 @@ class OpenCalls(threading.local):
         if calls and not _is_caller(calls[-1][0], frame):
             self._abort_dead(native, frame)
 
-    def enter(
-        self,
-        native: Any,
-        frame: Any,
-        kind: int,
-        name: str,
-        phase: int,
-        file: str,
-        line: int,
-        parent: int | None = None,
-    ):
-        """Opens a scope for the call made by ``frame`` (under the open scopes, or under the
-        stack ``parent``), after closing as aborted the calls that ended without their post
+    def enter(self, native: Any, frame: Any, *scope: Any) -> None:
+        """Opens a scope for the call made by ``frame`` (``scope``: what :meth:`open` takes
+        after the frame), after closing as aborted the calls that ended without their post
         hook."""
         self.settle(native, frame)
-        self.open(native, frame, kind, name, phase, file, line, parent)
+        self.open(native, frame, *scope)
 
     def open(
         self,
@@ -62,8 +52,10 @@ class OpenCalls(threading.local):
         file: str,
         line: int,
         parent: int | None = None,
-    ):
-        """:meth:`enter` for a hook that has just settled the calls itself (to read them)."""
+    ) -> None:
+        """Opens a scope for the call made by ``frame``, under the open scopes or under the
+        stack ``parent``: :meth:`enter` for a hook that has just settled the calls itself (to
+        read them)."""
         if parent is None:
             token = native.enter(kind, name, phase, file, line)
         else:

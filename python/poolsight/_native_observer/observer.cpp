@@ -247,6 +247,7 @@ at::CallbackHandle handle = 0;
 std::atomic<bool> forked{false};
 
 void in_child() { forked.store(true, std::memory_order_relaxed); }
+
 std::atomic<uint64_t> shadowed{0};
 
 // The allocator's reports on the threads that track: a profiler state that is not a profiler

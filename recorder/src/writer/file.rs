@@ -108,9 +108,9 @@ fn map_within(
         return Ok((m, len, cap));
     }
     eprintln!(
-        "poolsight: recording to {}: the process has little address space left (`ulimit -v`, or \
-         many recordings kept: each holds its size limit of it until it is let go), so the \
-         trace is mapped at {}, not at its size limit of {}, and stops at that size",
+        "poolsight: recording to {}: the process has little address space left (`ulimit -v`, \
+         valgrind, or many recordings kept: each holds its size limit of it until it is let \
+         go), so the trace is mapped at {}, not at its size limit of {}, and stops at that size",
         path.display(),
         size_text(len),
         size_text(max_bytes)
@@ -118,10 +118,10 @@ fn map_within(
     Ok((m, len, SizeCap::AddressSpace))
 }
 
-/// [`map_within`]'s search, over any `map`: `max_bytes` when it maps; else, halving while the
-/// mapping fails for want of address space (ENOMEM, EINVAL) and stays at least `floor`, an
-/// eighth of the first length that maps (at least `floor`). Returns the mapping and its length,
-/// or the error of the last try.
+/// [`map_within`]'s search, over any `map`: `max_bytes` when it maps. Else the length is
+/// halved while the mapping fails for want of address space (ENOMEM, EINVAL) and stays at
+/// least `floor`, and an eighth of the first length that maps is taken (at least `floor`).
+/// Returns the mapping and its length, or the error of the last try.
 fn fit_mapping<M>(
     max_bytes: u64,
     floor: u64,
