@@ -1,6 +1,7 @@
 """Recording from Python: scopes, epochs, the pool, the CLI on what was recorded, bad input."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -435,6 +436,10 @@ def test_recordings_start_where_little_address_space_is_left(tmp_path):
     said = [line for line in err.splitlines() if "little address space left" in line]
     assert len(said) == 20, err
     assert "not at its size limit of 1 TiB" in said[0]
+    # A finished recording gives back all but its file's pages: the next one gets the same
+    # share as the first (before, each share was an eighth of what the last ones left).
+    shares = {re.search(r"mapped at ([\d.]+ [MGT]iB)", line).group(1) for line in said}
+    assert len(shares) == 1, said
     for i in (0, 19):
         functions = report_json("functions", tmp_path / f"{i}.pstrace")
         assert [f["name"] for f in functions["functions"]] == ["step"], functions

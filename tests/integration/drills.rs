@@ -323,6 +323,82 @@ fn a_held_reader_keeps_its_pages_and_the_trace_stays_whole() {
     );
 }
 
+/// The bytes of this process's address space that map `path` (Linux's /proc).
+fn mapped_bytes(path: &Path) -> u64 {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let name = path.to_str().unwrap();
+    maps.lines()
+        .filter(|l| l.ends_with(name))
+        .map(|l| {
+            let (range, _) = l.split_once(' ').unwrap();
+            let (a, b) = range.split_once('-').unwrap();
+            u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap()
+        })
+        .sum()
+}
+
+/// A finished recording that is still referenced (a handle kept, as a notebook keeps a
+/// `Recording`) maps only its file's pages, not its size limit: before, each kept a terabyte of
+/// address space, and from about the 126th one kept the next recording could not map its size
+/// limit. Threads still recording while it finishes and after go on, their events dropped.
+#[test]
+fn a_finished_recording_kept_maps_only_its_file() {
+    let path = scratch::file("kept.pstrace");
+    let rec = Recorder::create(&*path, config()).unwrap();
+    let handle = rec.handle();
+    assert!(
+        mapped_bytes(&path) >= 1 << 40,
+        "mapped at its size limit while it records"
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..3)
+            .map(|t| {
+                let h = handle.clone();
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        h.record_mem(malloc(t * 1_000_000_000 + i));
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        rec.finish().unwrap();
+        // Writers go on past the finish for a while: nothing of theirs lands anywhere.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in writers {
+            w.join().unwrap();
+        }
+    });
+    let len = std::fs::metadata(&*path).unwrap().len();
+    let mapped = mapped_bytes(&path);
+    assert!(
+        mapped >= len && mapped < len + 4096 * 16,
+        "a finished recording maps {mapped} bytes for a file of {len}"
+    );
+    assert!(
+        handle.dropped_events() > 0,
+        "events recorded after finish are counted"
+    );
+    let t = Trace::open(&*path).unwrap();
+    assert!(
+        t.footer.is_some() && t.warnings.is_empty(),
+        "{:?}",
+        t.warnings
+    );
+    drop((t, handle));
+    // The preparer thread lets go of its own reference when it sees the stop.
+    let start = std::time::Instant::now();
+    while mapped_bytes(&path) > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(mapped_bytes(&path), 0, "let go, it is unmapped");
+}
+
 // -- calls that raise ----------------------------------------------------------------------------
 
 use poolsight::analyzer::tables::{functions, lines, timers};

@@ -7,8 +7,8 @@
 //! disk does too, so blocks are allocated before a chunk is handed out, never after.
 //!
 //! Where the process has not `max_bytes` of address space left (`ulimit -v`; each recording
-//! holds its mapping until it is let go), the file is mapped at a share of what is left (see
-//! [`map_within`]), and that is its size cap, said on stderr when the recording begins: a
+//! holds its mapping until it finishes, then its file's pages until it is let go), the file is mapped at a
+//! share of what is left (see [`map_within`]), and that is its size cap, said on stderr when the recording begins: a
 //! recording that cannot reserve a terabyte still records, and leaves the training most of
 //! what there is.
 //!
@@ -31,9 +31,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Mutex;
 
-use memmap2::{MmapOptions, MmapRaw};
 use poolsight_schema::lock::{self, Taken};
 
+use super::mapping::{map_within, Mapping};
 use super::prepare::{ahead, Populate, Signal, AHEAD};
 use crate::RecorderError;
 
@@ -42,16 +42,13 @@ const CLOSED: u64 = 1 << 63;
 const MIN_GROW_STEP: u64 = 4 << 20;
 const MAX_GROW_STEP: u64 = 256 << 20;
 
-/// The least address space a recording maps when `max_bytes` of it cannot be had.
-const MIN_MAPPED: u64 = 64 << 20;
-
 const SLOT_FREE: u8 = 0;
 const SLOT_OWNED: u8 = 1;
 
 pub(crate) struct MappedFile {
     path: PathBuf,
     file: File,
-    map: MmapRaw,
+    map: Mapping,
     max_bytes: u64,
     /// What sets `max_bytes`, for the message when recording stops there.
     cap: SizeCap,
@@ -82,72 +79,14 @@ struct Ring {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SizeCap {
+pub(super) enum SizeCap {
     Config,
     FileSizeLimit,
     AddressSpace,
 }
 
-/// Maps `max_bytes` of `file`. When the process has not that much address space left (ENOMEM:
-/// `ulimit -v`, or many recordings kept, each holding its mapping until it is let go; EINVAL:
-/// a length the kernel or a tool running the process, such as valgrind, will not map), the
-/// mapping takes an eighth of the largest power-of-two fraction of `max_bytes` that could be
-/// had (at least [`MIN_MAPPED`] and `first_len`), so that the training keeps the rest for its
-/// own memory: the recording stops at that size, as this says on stderr. Returns the mapping,
-/// its length and what caps it.
-fn map_within(
-    file: &File,
-    path: &Path,
-    max_bytes: u64,
-    cap: SizeCap,
-    first_len: u64,
-) -> std::io::Result<(MmapRaw, u64, SizeCap)> {
-    let map = |len: u64| MmapOptions::new().len(len as usize).map_raw(file);
-    let (m, len) = fit_mapping(max_bytes, MIN_MAPPED.max(first_len), map)?;
-    if len == max_bytes {
-        return Ok((m, len, cap));
-    }
-    eprintln!(
-        "poolsight: recording to {}: the process has little address space left (`ulimit -v`, \
-         valgrind, or many recordings kept: each holds its size limit of it until it is let \
-         go), so the trace is mapped at {}, not at its size limit of {}, and stops at that size",
-        path.display(),
-        size_text(len),
-        size_text(max_bytes)
-    );
-    Ok((m, len, SizeCap::AddressSpace))
-}
-
-/// [`map_within`]'s search, over any `map`: `max_bytes` when it maps. Else the length is
-/// halved while the mapping fails for want of address space (ENOMEM, EINVAL) and stays at
-/// least `floor`, and an eighth of the first length that maps is taken (at least `floor`).
-/// Returns the mapping and its length, or the error of the last try.
-fn fit_mapping<M>(
-    max_bytes: u64,
-    floor: u64,
-    mut map: impl FnMut(u64) -> std::io::Result<M>,
-) -> std::io::Result<(M, u64)> {
-    let mut fits = max_bytes;
-    loop {
-        match map(fits) {
-            Ok(m) if fits == max_bytes => return Ok((m, fits)),
-            // Found how much fits: let it go, and take a share of it.
-            Ok(_) => break,
-            Err(e) if no_room(&e) && fits / 2 >= floor => fits /= 2,
-            Err(e) => return Err(e),
-        }
-    }
-    let len = (fits / 8).max(floor);
-    Ok((map(len)?, len))
-}
-
-/// Whether a mapping failed for want of address space rather than for what the file is.
-fn no_room(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOMEM | libc::EINVAL))
-}
-
 /// `bytes` in the largest binary unit it reaches: `1 TiB`, `2 GiB`, `1.5 GiB`, `256 MiB`.
-fn size_text(bytes: u64) -> String {
+pub(super) fn size_text(bytes: u64) -> String {
     for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20)] {
         if bytes >= 1u64 << shift {
             let v = bytes as f64 / (1u64 << shift) as f64;
@@ -530,7 +469,8 @@ impl MappedFile {
     /// kill it with SIGBUS. The trim waits a moment for readers to go, then leaves the tail
     /// (zeros past the footer's `data_end`, which readers skip) and says so.
     ///
-    /// Then gives back the recording lock, whatever happened: the recording is over.
+    /// The mapping then keeps only the file's pages (the rest of its address space is given
+    /// back), and the recording lock is given back, whatever happened: the recording is over.
     pub fn sync_and_trim(&self, data_end: u64) -> std::io::Result<()> {
         let done = self.sync_and_trim_locked(data_end);
         lock::unlock_recording(&self.file);
@@ -559,6 +499,9 @@ impl MappedFile {
                 );
             }
         }
+        // The recording is over: its mapping keeps only what the file holds.
+        self.map
+            .give_back_past(self.committed.load(Ordering::Acquire));
         self.file.sync_data()
     }
 
@@ -720,74 +663,3 @@ fn preallocate(file: &File, from: u64, to: u64) -> std::io::Result<()> {
 // reserved, and the fields that coordinate reservations are atomics or behind a mutex.
 unsafe impl Send for MappedFile {}
 unsafe impl Sync for MappedFile {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::{cell::RefCell, rc::Rc};
-
-    const MIB: u64 = 1 << 20;
-    const GIB: u64 = 1 << 30;
-
-    /// A mapping that fails with `errno` above `room` bytes, and the lengths it was asked for.
-    fn room(
-        room: u64,
-        errno: i32,
-    ) -> (
-        impl FnMut(u64) -> std::io::Result<u64>,
-        Rc<RefCell<Vec<u64>>>,
-    ) {
-        let asked = Rc::new(RefCell::new(Vec::new()));
-        let log = asked.clone();
-        let map = move |len: u64| {
-            log.borrow_mut().push(len);
-            if len > room {
-                Err(std::io::Error::from_raw_os_error(errno))
-            } else {
-                Ok(len)
-            }
-        };
-        (map, asked)
-    }
-
-    #[test]
-    fn the_size_limit_is_mapped_when_it_fits() {
-        let (map, asked) = room(u64::MAX, libc::ENOMEM);
-        assert_eq!(fit_mapping(1 << 40, 64 * MIB, map).unwrap().1, 1 << 40);
-        assert_eq!(*asked.borrow(), [1 << 40]);
-    }
-
-    #[test]
-    fn a_length_refused_as_invalid_is_halved_like_one_refused_for_memory() {
-        for errno in [libc::ENOMEM, libc::EINVAL] {
-            let (map, asked) = room(5 * GIB, errno);
-            let (m, len) = fit_mapping(1 << 40, 64 * MIB, map).unwrap();
-            // 4 GiB is the first power-of-two fraction that maps; an eighth of it is kept.
-            assert_eq!((m, len), (512 * MIB, 512 * MIB));
-            assert_eq!(asked.borrow().last(), Some(&(512 * MIB)));
-            assert_eq!(asked.borrow()[asked.borrow().len() - 2], 4 * GIB);
-        }
-    }
-
-    #[test]
-    fn the_share_is_never_under_the_floor() {
-        let (map, _) = room(100 * MIB, libc::EINVAL);
-        assert_eq!(fit_mapping(1 << 40, 64 * MIB, map).unwrap().1, 64 * MIB);
-    }
-
-    #[test]
-    fn no_room_even_at_the_floor_is_the_last_error() {
-        let (map, asked) = room(32 * MIB, libc::ENOMEM);
-        let e = fit_mapping(1 << 40, 64 * MIB, map).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM));
-        assert_eq!(asked.borrow().last(), Some(&(64 * MIB)));
-    }
-
-    #[test]
-    fn another_error_is_not_retried() {
-        let (map, asked) = room(0, libc::EACCES);
-        let e = fit_mapping(1 << 40, 64 * MIB, map).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
-        assert_eq!(asked.borrow().len(), 1);
-    }
-}

@@ -13,6 +13,7 @@ mod chunk;
 mod defs;
 mod file;
 pub(crate) mod fork;
+mod mapping;
 mod prepare;
 mod thread;
 
