@@ -35,7 +35,12 @@ wall time (each step ends with ``loss.item()``, which waits for the GPU): what t
 there, where the host's time per operator is often what bounds it.
 
     python python/benchmarks/torch_overhead.py [--repeats 7] [--epochs 3] [--steps 16]
-        [--device cpu|cuda[:N]] [--only VARIANT ...] [--profile]
+        [--device cpu|cuda[:N]] [--only VARIANT ...] [--processes N] [--profile]
+
+``--processes N`` measures in N fresh processes, one after another (``--repeats`` in each), and
+pools their repeats: one process is one draw of where its heap and the trace land, and on a
+small machine two processes' ratios for the same variant differ by as much as a recorder
+costs. Each process's paired ratio is printed too.
 
 ``--profile`` runs ``track+hook`` once more under cProfile and prints where its time goes.
 Nothing is asserted: the figures are printed, with the machine's load next to them.
@@ -45,9 +50,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -271,9 +278,41 @@ def device_arg(text: str) -> str:
     return text
 
 
+def measure(table, names: list[str], args, device: str) -> dict[str, list[tuple[float, ...]]]:
+    """Per variant, per repeat: the run's CPU time (all epochs), its first epoch's, the training
+    thread's, wall time (all epochs, the first), and the once-per-run cost."""
+    runs: dict[str, list[tuple[float, ...]]] = {n: [] for n in names}
+    for n in names:
+        # First-use costs (PyTorch imports its compiler at a mode's first op).
+        run_once(table[n], 1, device=device)
+    for r in range(args.repeats):
+        # Alternate the order so that drift in the machine's load spreads over all.
+        order = names if r % 2 == 0 else list(reversed(names))
+        for n in order:
+            cpu, thread, wall, once = run_once(table[n], args.steps, args.epochs, device)
+            runs[n].append((sum(cpu), cpu[0], sum(thread), sum(wall), once, wall[0]))
+    return runs
+
+
+def in_processes(names: list[str], args) -> list[dict[str, list[tuple[float, ...]]]]:
+    """``measure`` in ``args.processes`` fresh processes, one after another: each process's
+    runs (where its heap and the trace land is a draw of its own)."""
+    argv = [sys.executable, os.path.abspath(__file__), "--emit-runs"]
+    argv += ["--repeats", str(args.repeats), "--steps", str(args.steps)]
+    argv += ["--epochs", str(args.epochs), "--device", args.device, "--only", *names]
+    drawn = []
+    for i in range(args.processes):
+        print(f"process {i + 1} of {args.processes} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"process {i + 1} of {args.processes} failed (exit {proc.returncode})")
+        drawn.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return drawn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=positive, default=7)
+    ap.add_argument("--repeats", type=positive, default=7, help="repeats (in each process)")
     ap.add_argument(
         "--steps", type=positive, default=16, help="steps per epoch (16: the 512 images once)"
     )
@@ -285,10 +324,19 @@ def main() -> None:
         help="where the model trains: cpu (default), cuda or cuda:N (ratios of wall time)",
     )
     ap.add_argument("--only", nargs="*", help="variants to run (default: all)")
+    ap.add_argument(
+        "--processes",
+        type=positive,
+        default=1,
+        help="measure in this many fresh processes, one after another, and pool their repeats "
+        "(default 1: in this process)",
+    )
     ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
     ap.add_argument(
         "--profile-variant", default="track+hook (native)", help="the variant --profile runs"
     )
+    # A process of --processes: measures and prints its runs as JSON, nothing else.
+    ap.add_argument("--emit-runs", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(1)
     device = args.device
@@ -307,78 +355,89 @@ def main() -> None:
             ap.error(f"--profile-variant: no variant {args.profile_variant!r}")
         if "plain" not in names:
             names.insert(0, "plain")
-        # Per variant, per repeat: the run's CPU time (all epochs), its first epoch's, the
-        # training thread's, wall time (all epochs, the first), and the once-per-run cost.
-        runs: dict[str, list[tuple[float, ...]]] = {n: [] for n in names}
-        for n in names:
-            # First-use costs (PyTorch imports its compiler at a mode's first op).
-            run_once(table[n], 1, device=device)
-        for r in range(args.repeats):
-            # Alternate the order so that drift in the machine's load spreads over all.
-            order = names if r % 2 == 0 else list(reversed(names))
-            for n in order:
-                cpu, thread, wall, once = run_once(table[n], args.steps, args.epochs, device)
-                runs[n].append((sum(cpu), cpu[0], sum(thread), sum(wall), once, wall[0]))
-        # What the ratios compare: CPU time on the CPU, wall time on a GPU.
-        total, first_of, basis = (3, 5, "wall") if cuda else (0, 1, "CPU")
+        if args.emit_runs:
+            print(json.dumps(measure(table, names, args, device)))
+            return
+        if args.processes > 1:
+            drawn = in_processes(names, args)
+        else:
+            drawn = [measure(table, names, args, device)]
+        runs = {n: [run for one in drawn for run in one[n]] for n in names}
+        report(table, names, runs, drawn, args, device)
 
-        def med(n: str, i: int) -> float:
-            return statistics.median(run[i] for run in runs[n])
 
-        def paired(n: str) -> float:
-            # Each repeat's time over the plain run's of the same repeat (run beside it): the
-            # median of those ratios follows the machine's drift less than a ratio of medians.
-            return statistics.median(
-                mine[total] / plain[total] for mine, plain in zip(runs[n], runs["plain"])
-            )
+def report(table, names: list[str], runs, drawn, args, device: str) -> None:
+    """Prints the medians of ``runs`` (every process's repeats, pooled) against the plain run's;
+    with more than one process, each process's paired ratio too."""
+    cuda = device != "cpu"
+    # What the ratios compare: CPU time on the CPU, wall time on a GPU.
+    total, first_of, basis = (3, 5, "wall") if cuda else (0, 1, "CPU")
 
-        base, base_first = med("plain", total), med("plain", first_of)
-        ops = operators(args.steps, args.epochs, device)
-        later = args.epochs > 1
-        later_head = f"{'later':>9}" if later else ""
-        where = torch.cuda.get_device_name(device) if cuda else "1 intra-op thread"
-        print(
-            f"torch {torch.__version__} on {device} ({where}), {args.epochs} epoch(s) of "
-            f"{args.steps} steps of 32 images per recorded run, medians of {args.repeats} "
-            f"alternated repeats, load average {os.getloadavg()[0]:.2f}"
-        )
-        print(
-            f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
-            f"{f'x plain ({basis})':>14} {'paired':>7} {'epoch 1':>8}{later_head} "
-            f"{'once s':>8} {'us/op':>7}"
-        )
-        for n in names:
-            c, t, w, o = (med(n, i) for i in (0, 2, 3, 4))
-            mine, first = med(n, total), med(n, first_of)
-            rest = ""
-            if later:
-                rest = f"{(mine - first) / (base - base_first):>9.2f}"
-            print(
-                f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {mine / base:>14.2f} "
-                f"{paired(n):>7.3f} {first / base_first:>8.2f}{rest} {o:>8.3f} "
-                f"{(mine - base) / ops * 1e6:>+7.2f}"
-            )
-        print(
-            f"x plain: the run's {basis} time against the plain run's (medians); paired: the "
-            "median of each repeat's ratio to the plain run beside it; epoch 1: its first "
-            "epoch's alone (the recording's first sight of every stack and tensor)"
-            + ("; later: the other epochs'" if later else "")
-        )
-        print("once: CPU time to begin and end the variant (recording, hooks), once per run")
-        print(
-            f"us/op: {basis} microseconds per operator over the plain run ({ops:,} operators a "
-            "run, as a dispatch mode sees them)"
-        )
-        if args.profile:
-            import cProfile
-            import pstats
+    def med(n: str, i: int) -> float:
+        return statistics.median(run[i] for run in runs[n])
 
-            prof = cProfile.Profile()
-            prof.enable()
-            # cProfile: all of it.
-            run_once(table[args.profile_variant], args.steps, args.epochs, device)
-            prof.disable()
-            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
+    def paired(n: str, runs=runs) -> float:
+        # Each repeat's time over the plain run's of the same repeat (run beside it): the
+        # median of those ratios follows the machine's drift less than a ratio of medians.
+        return statistics.median(
+            mine[total] / plain[total] for mine, plain in zip(runs[n], runs["plain"])
+        )
+
+    base, base_first = med("plain", total), med("plain", first_of)
+    ops = operators(args.steps, args.epochs, device)
+    later = args.epochs > 1
+    later_head = f"{'later':>9}" if later else ""
+    where = torch.cuda.get_device_name(device) if cuda else "1 intra-op thread"
+    print(
+        f"torch {torch.__version__} on {device} ({where}), {args.epochs} epoch(s) of "
+        f"{args.steps} steps of 32 images per recorded run, medians of "
+        f"{len(runs['plain'])} alternated repeats"
+        + (f" ({args.repeats} in each of {len(drawn)} processes)" if len(drawn) > 1 else "")
+        + f", load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'variant':<20} {'CPU s':>8} {'thread s':>9} {'wall s':>8} "
+        f"{f'x plain ({basis})':>14} {'paired':>7} {'epoch 1':>8}{later_head} "
+        f"{'once s':>8} {'us/op':>7}"
+    )
+    for n in names:
+        c, t, w, o = (med(n, i) for i in (0, 2, 3, 4))
+        mine, first = med(n, total), med(n, first_of)
+        rest = ""
+        if later:
+            rest = f"{(mine - first) / (base - base_first):>9.2f}"
+        print(
+            f"{n:<20} {c:>8.3f} {t:>9.3f} {w:>8.3f} {mine / base:>14.2f} "
+            f"{paired(n):>7.3f} {first / base_first:>8.2f}{rest} {o:>8.3f} "
+            f"{(mine - base) / ops * 1e6:>+7.2f}"
+        )
+    print(
+        f"x plain: the run's {basis} time against the plain run's (medians); paired: the "
+        "median of each repeat's ratio to the plain run beside it; epoch 1: its first "
+        "epoch's alone (the recording's first sight of every stack and tensor)"
+        + ("; later: the other epochs'" if later else "")
+    )
+    print("once: CPU time to begin and end the variant (recording, hooks), once per run")
+    print(
+        f"us/op: {basis} microseconds per operator over the plain run ({ops:,} operators a "
+        "run, as a dispatch mode sees them)"
+    )
+    if len(drawn) > 1:
+        # One process is one draw of where its heap and the trace land: its ratios agree with
+        # each other more than with another process's.
+        print("paired, by process:")
+        for n in names[1:]:
+            print(f"  {n:<20} " + " ".join(f"{paired(n, one):.3f}" for one in drawn))
+    if args.profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        # cProfile: all of it.
+        run_once(table[args.profile_variant], args.steps, args.epochs, device)
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,19 @@ def test_torch_overhead_prints_each_variant_against_plain():
     ), out
 
 
+def test_torch_overhead_pools_fresh_processes_and_prints_each_ones_ratio():
+    out = run(
+        "torch_overhead.py",
+        *("--processes", "2", "--repeats", "1", "--epochs", "1", "--steps", "1"),
+        *("--only", "track+hook (native)"),
+    )
+    assert "medians of 2 alternated repeats (1 in each of 2 processes)" in out, out
+    assert re.search(rf"^track\+hook \(native\){RATIO * 7}\s+[+-]\d+\.\d+$", out, re.M), out
+    assert re.search(
+        r"^paired, by process:\n  track\+hook \(native\)\s+\d\.\d{3} \d\.\d{3}$", out, re.M
+    ), out
+
+
 def test_cpp_observer_floor_runs_or_says_why_not():
     out = run("cpp_observer_floor.py", "--repeats", "1", "--steps", "1")
     if "C++ observer" not in out:
@@ -86,6 +99,7 @@ def test_a_count_below_one_is_a_usage_error(script):
         (["--only", "memory history"], "--only: 'memory history' needs --device cuda"),
         (["--only", "profiler", "nothing"], "--only: no variant 'nothing'"),
         (["--profile", "--profile-variant", "nothing"], "--profile-variant: no variant"),
+        (["--processes", "0"], "--processes: must be at least 1, not 0"),
     ],
 )
 def test_torch_overhead_says_what_is_wrong_with_its_arguments(args, message):
