@@ -535,3 +535,45 @@ def test_an_operator_that_raises_keeps_its_error_and_is_not_a_call(trace):
     assert ok.shape == (3, 2)
     rows = {r["name"]: r["occurrence"] for r in report_json("functions", trace)["functions"]}
     assert rows.get("aten::mm") == 1, rows
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_a_compiled_model_records_the_figures_of_the_model(tmp_path, how):
+    # docs/python.md, "torch.compile": the same categories as the model uncompiled;
+    # torch.compile(model)'s wrapper is a module of its own and PyTorch warns about the global
+    # module hooks, model.compile() (in place) neither.
+    import warnings
+
+    def run(compile_how):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if compile_how == "torch.compile(model)":
+            model = torch.compile(model, backend="eager")
+        elif compile_how == "model.compile()":
+            model.compile(backend="eager")
+        x = torch.randn(4, 8)
+        path = tmp_path / f"{compile_how or 'plain'}.pstrace"
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with poolsight.record(path), pst.track(model, opt), pst.hook(model):
+                for _ in range(2):
+                    opt.zero_grad()
+                    model(x).sum().backward()
+                    opt.step()
+        warned = any("global hooks on modules" in str(w.message) for w in seen)
+        return report_json("categories", path), warned
+
+    plain, _ = run(None)
+    compiled, warned = run(how)
+
+    def figures(report):  # the bytes of each category (not when: times differ run to run)
+        return [{k: v for k, v in c.items() if k.endswith("_bytes")} for c in report["categories"]]
+
+    assert figures(compiled) == figures(plain)
+    assert compiled["peak_used_bytes"] == plain["peak_used_bytes"]
+    top = compiled["modules"][0]["module"]
+    if how == "torch.compile(model)":
+        assert warned and top == "OptimizedModule"
+    else:
+        assert not warned and top == "Sequential"
