@@ -6,7 +6,7 @@
 //! holds: under a limit on the process's address space (`ulimit -v`, as clusters set), what
 //! it gives back is there for the next recording and for the training. Without such a limit
 //! the gap it leaves is a little short of a terabyte, so it cannot hold the next recording's
-//! mapping: about 127 recordings kept referenced at once still leave the next one a share.
+//! mapping: with about 128 recordings kept referenced at once, the next one gets a share.
 
 use std::fs::File;
 use std::path::Path;
@@ -48,8 +48,7 @@ impl Mapping {
     /// a range no longer mapped fails without effect. Where the length cannot change (not
     /// Linux, or the kernel refused), the mapping stays as it was.
     pub fn give_back_past(&self, keep: u64) {
-        let page = page_size();
-        let keep = keep.max(1).next_multiple_of(page) as usize;
+        let keep = keep.max(1).next_multiple_of(crate::cpu::page_size()) as usize;
         let mut map = self.lock();
         if keep >= map.len() {
             return;
@@ -64,16 +63,6 @@ impl Mapping {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MmapRaw> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if page > 0 {
-        page as u64
-    } else {
-        4096
     }
 }
 
@@ -99,7 +88,8 @@ pub(super) fn map_within(
     }
     eprintln!(
         "poolsight: recording to {}: the process has little address space left (`ulimit -v`, \
-         valgrind, or many recordings kept: each holds part of it until it is let go), so the trace is mapped at {}, not at its size limit of {}, and stops at that size",
+         valgrind, or many recordings kept: each holds part of it until it is let go), so the \
+         trace is mapped at {}, not at its size limit of {}, and stops at that size",
         path.display(),
         size_text(len),
         size_text(max_bytes)
