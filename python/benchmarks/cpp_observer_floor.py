@@ -8,10 +8,10 @@ start and end with the CPU's time-stamp counter and looks at each output tensor'
 work a recorder's operator scopes and new-storage check need, without writing anything). It is
 compiled here
 against the installed PyTorch (``g++``, C++20, its headers and ``libc10``/``libtorch_cpu``),
-loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model and epoch, alternated with
-the plain epoch, an empty Python mode and ``track()`` + ``hook()``:
+loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model and epoch, in a fresh order each
+repeat with the plain epoch, an empty Python mode and ``track()`` + ``hook()``:
 
-    python python/benchmarks/cpp_observer_floor.py [--repeats 7] [--steps 16]
+    python python/benchmarks/cpp_observer_floor.py [--repeats 7] [--steps 16] [--seed S]
 
 It is a measurement for planning (issue 26's 1.15x), not a part of poolsight: it records no
 trace and sees no frees. Nothing is asserted; without ``g++`` it says so and exits 0.
@@ -33,7 +33,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_overhead import epoch, make, positive, variants  # noqa: E402
+from torch_overhead import epoch, make, orders, positive, variants  # noqa: E402
 
 SOURCE = r"""
 #include <ATen/record_function.h>
@@ -117,6 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=positive, default=7)
     ap.add_argument("--steps", type=positive, default=16)
+    ap.add_argument("--seed", type=int, default=0, help="draws each repeat's order (default 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,8 +143,8 @@ def main() -> None:
             "track+hook (python)",
         ]
         cpu: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(args.repeats):
-            for n in names if r % 2 == 0 else list(reversed(names)):
+        for order in orders(names, args.repeats, args.seed):
+            for n in order:
                 model, optimizer, images, labels = make()
                 epoch(model, optimizer, images, labels, 1)
                 with table[n](model, optimizer):
@@ -153,7 +154,7 @@ def main() -> None:
         base = statistics.median(cpu["plain"])
         print(
             f"torch {torch.__version__}, one epoch of {args.steps} steps, medians of "
-            f"{args.repeats} alternated repeats, 1 intra-op thread"
+            f"{args.repeats} shuffled repeats (seed {args.seed}), 1 intra-op thread"
         )
         print(f"{'variant':<20} {'CPU s':>8} {'x plain':>8}")
         for n in names:

@@ -1,8 +1,9 @@
 """What recording a PyTorch training epoch costs, against PyTorch's own memory tools, in one run.
 
 A CNN + Transformer-encoder classifier, AdamW, synthetic images, on CPU (one intra-op thread so
-that the figures are CPU time of one core). Each variant trains one epoch; the variants are
-alternated, repeat after repeat, and the medians are compared with the plain run. A run is
+that the figures are CPU time of one core). Each variant trains one epoch; the variants run in
+a fresh order each repeat (shuffled, ``--seed``), and the medians are compared with the plain
+run. A run is
 what a user records: ``--epochs`` epochs (3, as the example of issue 26) of ``--steps`` steps
 (16: the 512 images once) inside one recording, the first epoch's ratio printed apart (it
 pays the recording's first sight of every stack and tensor). The recording is opened and the
@@ -35,7 +36,7 @@ wall time (each step ends with ``loss.item()``, which waits for the GPU): what t
 there, where the host's time per operator is often what bounds it.
 
     python python/benchmarks/torch_overhead.py [--repeats 7] [--epochs 3] [--steps 16]
-        [--device cpu|cuda[:N]] [--only VARIANT ...] [--processes N] [--profile]
+        [--device cpu|cuda[:N]] [--only VARIANT ...] [--processes N] [--seed S] [--profile]
 
 ``--processes N`` measures in N fresh processes, one after another (``--repeats`` in each), and
 pools their repeats: one process is one draw of where its heap and the trace land, and on a
@@ -52,6 +53,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -278,6 +280,16 @@ def device_arg(text: str) -> str:
     return text
 
 
+def orders(names: list[str], repeats: int, seed: int) -> list[list[str]]:
+    """The order of the variants in each repeat: a fresh shuffle per repeat, drawn from
+    ``seed``. Over the repeats each variant runs early and late and beside each of the others,
+    so that neither the machine's drift nor what the run before leaves behind (a warm cache,
+    a heap grown or trimmed) favours one; an alternation forward and back would leave each
+    beside the same two every time."""
+    draw = random.Random(seed)
+    return [draw.sample(names, len(names)) for _ in range(repeats)]
+
+
 def measure(table, names: list[str], args, device: str) -> dict[str, list[tuple[float, ...]]]:
     """Per variant, per repeat: the run's CPU time (all epochs), its first epoch's, the training
     thread's, wall time (all epochs, the first), and the once-per-run cost."""
@@ -285,9 +297,7 @@ def measure(table, names: list[str], args, device: str) -> dict[str, list[tuple[
     for n in names:
         # First-use costs (PyTorch imports its compiler at a mode's first op).
         run_once(table[n], 1, device=device)
-    for r in range(args.repeats):
-        # Alternate the order so that drift in the machine's load spreads over all.
-        order = names if r % 2 == 0 else list(reversed(names))
+    for order in orders(names, args.repeats, args.seed):
         for n in order:
             cpu, thread, wall, once = run_once(table[n], args.steps, args.epochs, device)
             runs[n].append((sum(cpu), cpu[0], sum(thread), sum(wall), once, wall[0]))
@@ -303,7 +313,9 @@ def in_processes(names: list[str], args) -> list[dict[str, list[tuple[float, ...
     drawn = []
     for i in range(args.processes):
         print(f"process {i + 1} of {args.processes} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True)
+        # Each process draws its own orders.
+        seed = ["--seed", str(args.seed + i)]
+        proc = subprocess.run(argv + seed, stdout=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             sys.exit(f"process {i + 1} of {args.processes} failed (exit {proc.returncode})")
         drawn.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -330,6 +342,13 @@ def main() -> None:
         default=1,
         help="measure in this many fresh processes, one after another, and pool their repeats "
         "(default 1: in this process)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="draws each repeat's order of the variants (default 0; process i of --processes "
+        "draws with seed+i)",
     )
     ap.add_argument("--profile", action="store_true", help="cProfile one variant once")
     ap.add_argument(
@@ -377,7 +396,7 @@ def report(table, names: list[str], runs, drawn, args, device: str) -> None:
         return statistics.median(run[i] for run in runs[n])
 
     def paired(n: str, runs=runs) -> float:
-        # Each repeat's time over the plain run's of the same repeat (run beside it): the
+        # Each repeat's time over the plain run's of the same repeat (run near it): the
         # median of those ratios follows the machine's drift less than a ratio of medians.
         return statistics.median(
             mine[total] / plain[total] for mine, plain in zip(runs[n], runs["plain"])
@@ -391,8 +410,9 @@ def report(table, names: list[str], runs, drawn, args, device: str) -> None:
     print(
         f"torch {torch.__version__} on {device} ({where}), {args.epochs} epoch(s) of "
         f"{args.steps} steps of 32 images per recorded run, medians of "
-        f"{len(runs['plain'])} alternated repeats"
+        f"{len(runs['plain'])} shuffled repeats"
         + (f" ({args.repeats} in each of {len(drawn)} processes)" if len(drawn) > 1 else "")
+        + f", seed {args.seed}"
         + f", load average {os.getloadavg()[0]:.2f}"
     )
     print(
@@ -413,7 +433,7 @@ def report(table, names: list[str], runs, drawn, args, device: str) -> None:
         )
     print(
         f"x plain: the run's {basis} time against the plain run's (medians); paired: the "
-        "median of each repeat's ratio to the plain run beside it; epoch 1: its first "
+        "median of each repeat's ratio to the plain run of the same repeat; epoch 1: its first "
         "epoch's alone (the recording's first sight of every stack and tensor)"
         + ("; later: the other epochs'" if later else "")
     )

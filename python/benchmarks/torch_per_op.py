@@ -3,10 +3,11 @@ tiny layers (``--layers`` Linear(16, 16) + ReLU, a batch of 4) trained with SGD,
 step is hundreds of operators of microseconds each and what a recorder adds per operator is
 most of the difference. Variants as ``torch_overhead.py`` names them (``plain``,
 ``track (native)``, ``hook (native)``, ``track+hook (native)``, the same with ``(python)``,
-``profiler``), alternated repeat after repeat; the medians' CPU time over the plain run,
-divided by the operators a dispatch mode sees, is the microseconds per operator.
+``profiler``), in a fresh order each repeat (shuffled, ``--seed``); the medians' CPU time
+over the plain run, divided by the operators a dispatch mode sees, is the microseconds per
+operator.
 
-    python python/benchmarks/torch_per_op.py [--repeats 9] [--steps 200] [--layers 24]
+    python python/benchmarks/torch_per_op.py [--repeats 9] [--steps 200] [--layers 24] [--seed S]
 
 Nothing is asserted: the figures are printed with the machine's load.
 """
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=torch_overhead.positive, default=200)
     ap.add_argument("--layers", type=torch_overhead.positive, default=24)
     ap.add_argument("--only", nargs="*", help="variants to run (default: the native ones)")
+    ap.add_argument("--seed", type=int, default=0, help="draws each repeat's order (default 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,8 +74,8 @@ def main() -> None:
         if "plain" not in names:
             names.insert(0, "plain")
         runs: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(args.repeats + 1):
-            for n in names if r % 2 == 0 else reversed(names):
+        for r, order in enumerate(torch_overhead.orders(names, args.repeats + 1, args.seed)):
+            for n in order:
                 model, optimizer, x = make(args.layers)
                 train(model, optimizer, x, 2)  # first-use costs outside the clock
                 ctx = table[n](model, optimizer)
@@ -89,7 +91,8 @@ def main() -> None:
         base = statistics.median(runs["plain"])
         print(
             f"torch {torch.__version__}, {args.steps} steps of {args.layers} Linear+ReLU layers, "
-            f"{ops:,} operators, medians of {args.repeats} alternated repeats, load average "
+            f"{ops:,} operators, medians of {args.repeats} shuffled repeats (seed {args.seed}), "
+            f"load average "
             f"{os.getloadavg()[0]:.2f}"
         )
         print(f"{'variant':<22} {'CPU s':>8} {'x plain':>8} {'us/op':>8}")

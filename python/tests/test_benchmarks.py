@@ -2,6 +2,7 @@
 
 Their figures are not checked (machines are noisy); that each variant runs to a ratio is."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -47,11 +48,32 @@ def test_torch_overhead_pools_fresh_processes_and_prints_each_ones_ratio():
         *("--processes", "2", "--repeats", "1", "--epochs", "1", "--steps", "1"),
         *("--only", "track+hook (native)"),
     )
-    assert "medians of 2 alternated repeats (1 in each of 2 processes)" in out, out
+    assert "medians of 2 shuffled repeats (1 in each of 2 processes), seed 0" in out, out
     assert re.search(rf"^track\+hook \(native\){RATIO * 7}\s+[+-]\d+\.\d+$", out, re.M), out
     assert re.search(
         r"^paired, by process:\n  track\+hook \(native\)\s+\d\.\d{3} \d\.\d{3}$", out, re.M
     ), out
+
+
+def test_each_repeat_runs_every_variant_once_in_an_order_drawn_from_its_seed():
+    spec = importlib.util.spec_from_file_location(
+        "torch_overhead", BENCHMARKS / "torch_overhead.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    names = ["plain", "plain (again)", "track", "hook", "profiler"]
+    drawn = bench.orders(names, 40, 3)
+    assert all(sorted(order) == sorted(names) for order in drawn)
+    assert drawn == bench.orders(names, 40, 3)
+    assert drawn != bench.orders(names, 40, 4)
+    # Over the repeats the plain run is in every place and beside every other variant (forward
+    # and back, it would only be first or last, beside the same one).
+    places = [order.index("plain") for order in drawn]
+    assert set(places) == set(range(len(names)))
+    beside = {
+        order[i + d] for order, i in zip(drawn, places) for d in (-1, 1) if 0 <= i + d < len(names)
+    }
+    assert set(names) - {"plain"} <= beside
 
 
 def test_cpp_observer_floor_runs_or_says_why_not():
