@@ -6,10 +6,10 @@ CPU training step on the development machine. This measures what an observer fed
 C++ ``RecordFunction`` callbacks costs instead: a global callback that stamps each operator's
 start and end with the CPU's time-stamp counter and looks at each output tensor's storage (the
 work a recorder's operator scopes and new-storage check need, without writing anything). It is
-compiled here
-against the installed PyTorch (``g++``, C++20, its headers and ``libc10``/``libtorch_cpu``),
-loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model and epoch, in a fresh order each
-repeat with the plain epoch, an empty Python mode and ``track()`` + ``hook()``:
+compiled here against the installed PyTorch (``g++``, C++20, its headers and
+``libc10``/``libtorch_cpu``), loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model
+and epoch beside the plain epoch, an empty Python mode and ``track()`` + ``hook()``, in a fresh
+order each repeat:
 
     python python/benchmarks/cpp_observer_floor.py [--repeats 7] [--steps 16] [--seed S]
 

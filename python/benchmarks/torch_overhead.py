@@ -3,12 +3,11 @@
 A CNN + Transformer-encoder classifier, AdamW, synthetic images, on CPU (one intra-op thread so
 that the figures are CPU time of one core). Each variant trains one epoch; the variants run in
 a fresh order each repeat (shuffled, ``--seed``), and the medians are compared with the plain
-run. A run is
-what a user records: ``--epochs`` epochs (3, as the example of issue 26) of ``--steps`` steps
-(16: the 512 images once) inside one recording, the first epoch's ratio printed apart (it
-pays the recording's first sight of every stack and tensor). The recording is opened and the
-hooks installed before the first epoch's clock starts, and finished after the last stops:
-those costs are once per run, printed on their own:
+run. A run is what a user records: ``--epochs`` epochs (3, as the example of issue 26) of
+``--steps`` steps (16: the 512 images once) inside one recording, the first epoch's ratio
+printed apart (it pays the recording's first sight of every stack and tensor). The recording
+is opened and the hooks installed before the first epoch's clock starts, and finished after
+the last stops: those costs are once per run, printed on their own:
 
 - ``plain``: no recording;
 - ``plain (again)``: the same, a second time in each repeat: its ratios are the machine's
@@ -396,7 +395,7 @@ def report(table, names: list[str], runs, drawn, args, device: str) -> None:
         return statistics.median(run[i] for run in runs[n])
 
     def paired(n: str, runs=runs) -> float:
-        # Each repeat's time over the plain run's of the same repeat (run near it): the
+        # Each repeat's time over the plain run's of the same repeat (seconds apart): the
         # median of those ratios follows the machine's drift less than a ratio of medians.
         return statistics.median(
             mine[total] / plain[total] for mine, plain in zip(runs[n], runs["plain"])
@@ -443,10 +442,10 @@ def report(table, names: list[str], runs, drawn, args, device: str) -> None:
         "run, as a dispatch mode sees them)"
     )
     if len(drawn) > 1:
-        # One process is one draw of where its heap and the trace land: its ratios agree with
-        # each other more than with another process's.
+        # One process is one draw of where its heap and the trace land: its median can differ
+        # from another process's by as much as a recorder costs.
         print("paired, by process:")
-        for n in names[1:]:
+        for n in (n for n in names if n != "plain"):
             print(f"  {n:<20} " + " ".join(f"{paired(n, one):.3f}" for one in drawn))
     if args.profile:
         import cProfile

@@ -92,8 +92,7 @@ def main() -> None:
         print(
             f"torch {torch.__version__}, {args.steps} steps of {args.layers} Linear+ReLU layers, "
             f"{ops:,} operators, medians of {args.repeats} shuffled repeats (seed {args.seed}), "
-            f"load average "
-            f"{os.getloadavg()[0]:.2f}"
+            f"load average {os.getloadavg()[0]:.2f}"
         )
         print(f"{'variant':<22} {'CPU s':>8} {'x plain':>8} {'us/op':>8}")
         for n in names:

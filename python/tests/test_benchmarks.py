@@ -46,7 +46,8 @@ def test_torch_overhead_pools_fresh_processes_and_prints_each_ones_ratio():
     out = run(
         "torch_overhead.py",
         *("--processes", "2", "--repeats", "1", "--epochs", "1", "--steps", "1"),
-        *("--only", "track+hook (native)"),
+        # The plain run named last: each process's line is of the other variants all the same.
+        *("--only", "track+hook (native)", "plain"),
     )
     assert "medians of 2 shuffled repeats (1 in each of 2 processes), seed 0" in out, out
     assert re.search(rf"^track\+hook \(native\){RATIO * 7}\s+[+-]\d+\.\d+$", out, re.M), out

@@ -339,8 +339,8 @@ fn mapped_bytes(path: &Path) -> u64 {
 
 /// A finished recording that is still referenced (a handle kept, as a notebook keeps a
 /// `Recording`) maps only its file's pages, not its size limit: before, each kept a terabyte of
-/// address space, and from about the 126th one kept the next recording could not map its size
-/// limit. Threads still recording while it finishes and after go on, their events dropped.
+/// address space, and under `ulimit -v` each one kept halved the next one's share. Threads
+/// still recording while it finishes and after go on, their events dropped.
 #[test]
 fn a_finished_recording_kept_maps_only_its_file() {
     let path = scratch::file("kept.pstrace");

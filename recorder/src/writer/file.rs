@@ -7,10 +7,10 @@
 //! disk does too, so blocks are allocated before a chunk is handed out, never after.
 //!
 //! Where the process has not `max_bytes` of address space left (`ulimit -v`; each recording
-//! holds its mapping until it finishes, then its file's pages until it is let go), the file is mapped at a
-//! share of what is left (see [`map_within`]), and that is its size cap, said on stderr when the recording begins: a
-//! recording that cannot reserve a terabyte still records, and leaves the training most of
-//! what there is.
+//! holds its mapping until it finishes, then its file's pages until it is let go), the file is
+//! mapped at a share of what is left (see [`map_within`]), and that is its size cap, said on
+//! stderr when the recording begins: a recording that cannot reserve a terabyte still records,
+//! and leaves the training most of what there is.
 //!
 //! The process's file size limit (`RLIMIT_FSIZE`, `ulimit -f`) is a size cap like `max_bytes`:
 //! growing a file past it kills the process with SIGXFSZ, so the file is never grown past it;
