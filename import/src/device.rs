@@ -29,6 +29,7 @@ pub fn pytorch_device(
             DeviceKind::Gpu
         },
         observed,
+        prediction: None,
     }
 }
 

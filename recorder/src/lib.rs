@@ -27,6 +27,6 @@ pub use poolsight_schema::kinds::{
 };
 pub use scope::{ForeignFrame, ScopeGuard, ScopeToken};
 pub use writer::{
-    ClockSource, CpuSource, DeviceInfo, Frame, Handle, ImportInfo, MemRecord, Mode, Recorder,
-    RecorderConfig, Summary,
+    ClockSource, CpuSource, DeviceInfo, Frame, Handle, ImportInfo, MemRecord, Mode, Prediction,
+    Recorder, RecorderConfig, Summary,
 };

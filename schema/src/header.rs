@@ -23,6 +23,56 @@ pub struct Device {
     /// True when the events observe an allocator from outside, with no pool of poolsight's
     /// (each block acquired when allocated, released when freed).
     pub observed: bool,
+    /// Format 1.7: the events are a prediction (`poolsight.torch.fake_cuda`), not observed on a
+    /// GPU; `capacity` is then what the caching allocator may have on the GPU predicted for.
+    pub prediction: Option<Prediction>,
+}
+
+/// What a predicted device was predicted for (`DeviceDef.prediction`, format 1.7).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Prediction {
+    /// The GPU as poolsight's table names it (`A100-40GB`), or `custom`.
+    pub gpu: String,
+    /// Its model name (`NVIDIA A100-SXM4-40GB`); empty for `custom`.
+    pub model: String,
+    /// Bytes on the card, and those the CUDA context takes outside the allocator.
+    pub total_bytes: u64,
+    pub context_bytes: u64,
+    /// Compute capability as major * 10 + minor (90 for an H100).
+    pub compute_capability: u32,
+    /// What made it (`fake_cuda, torch 2.15.0+cu132`).
+    pub made_by: String,
+}
+
+impl Prediction {
+    pub fn build<'a>(&self, fbb: &mut FlatBufferBuilder<'a>) -> WIPOffset<fb::Prediction<'a>> {
+        let gpu = fbb.create_string(&self.gpu);
+        let model = fbb.create_string(&self.model);
+        let made_by = fbb.create_string(&self.made_by);
+        fb::Prediction::create(
+            fbb,
+            &fb::PredictionArgs {
+                gpu: Some(gpu),
+                model: Some(model),
+                total_bytes: self.total_bytes,
+                context_bytes: self.context_bytes,
+                compute_capability: self.compute_capability,
+                made_by: Some(made_by),
+            },
+        )
+    }
+
+    pub fn read(p: &fb::Prediction<'_>) -> Prediction {
+        Prediction {
+            gpu: p.gpu().unwrap_or("").to_owned(),
+            model: p.model().unwrap_or("").to_owned(),
+            total_bytes: p.total_bytes(),
+            context_bytes: p.context_bytes(),
+            compute_capability: p.compute_capability(),
+            made_by: p.made_by().unwrap_or("").to_owned(),
+        }
+    }
 }
 
 impl Device {
@@ -35,11 +85,13 @@ impl Device {
             allocation_unit,
             kind: DeviceKind::Unspecified,
             observed: false,
+            prediction: None,
         }
     }
 
     pub fn build<'a>(&self, fbb: &mut FlatBufferBuilder<'a>) -> WIPOffset<fb::DeviceDef<'a>> {
         let name = fbb.create_string(&self.name);
+        let prediction = self.prediction.as_ref().map(|p| p.build(fbb));
         fb::DeviceDef::create(
             fbb,
             &fb::DeviceDefArgs {
@@ -49,6 +101,7 @@ impl Device {
                 allocation_unit: self.allocation_unit,
                 kind: self.kind.into(),
                 observed: self.observed,
+                prediction,
             },
         )
     }
@@ -62,6 +115,7 @@ impl Device {
             allocation_unit: d.allocation_unit(),
             kind: DeviceKind::try_from(d.kind()).unwrap_or(DeviceKind::Unspecified),
             observed: d.observed(),
+            prediction: d.prediction().map(|p| Prediction::read(&p)),
         }
     }
 }
@@ -248,6 +302,18 @@ mod tests {
                     kind: DeviceKind::Gpu,
                     observed: true,
                     ..Device::pool(3, "cuda:3", 0, 1)
+                },
+                Device {
+                    kind: DeviceKind::Gpu,
+                    prediction: Some(Prediction {
+                        gpu: "A100-40GB".into(),
+                        model: "NVIDIA A100-SXM4-40GB".into(),
+                        total_bytes: 42_298_834_944,
+                        context_bytes: 512 << 20,
+                        compute_capability: 80,
+                        made_by: "fake_cuda, torch 2.15.0".into(),
+                    }),
+                    ..Device::pool(4, "cuda:0", 42_298_834_944 - (512 << 20), 512)
                 },
             ],
             packed: true,

@@ -43,14 +43,18 @@ pub const FORMAT_MAJOR: u16 = 1;
 /// added `FrameKind.Label` and `DeviceDef.kind`/`observed` (see [`LABEL_MINOR`]); 1.5 added
 /// what imported traces need: `MemKind.FreeRequested`, the marks `DeviceFree`, `Snapshot` and
 /// `Annotation`, and `Header.import` (see [`IMPORT_MINOR`]); 1.6 added `MemKind.Relabel`, a
-/// block moved to another stack with its live bytes unchanged.
-pub const FORMAT_MINOR: u16 = 6;
+/// block moved to another stack with its live bytes unchanged; 1.7 added `DeviceDef.prediction`
+/// (see [`PREDICTION_MINOR`]).
+pub const FORMAT_MINOR: u16 = 7;
 /// The first minor version with `FrameKind.Label`; in older files an integration's labels are
 /// `Scope` frames with no file and line 0.
 pub const LABEL_MINOR: u16 = 4;
 /// The first minor version with `Header.import` and the kinds of imported traces
 /// (`MemKind.FreeRequested`, `MarkKind.DeviceFree`, `Snapshot`, `Annotation`).
 pub const IMPORT_MINOR: u16 = 5;
+/// The first minor version with `DeviceDef.prediction`: a device whose events a fake CUDA run
+/// predicted (`poolsight.torch.fake_cuda`) instead of observing them on a GPU.
+pub const PREDICTION_MINOR: u16 = 7;
 /// The first minor version that may be packed (`Header.packed`, `PackedEvents` chunks).
 pub const PACKED_MINOR: u16 = 2;
 /// The first minor version whose files carry a header checksum (the 4 bytes before

@@ -89,6 +89,7 @@ pub enum ClockSource {
 
 /// What a converted trace came from (`Header.import`; the format's one definition).
 pub use poolsight_schema::header::Import as ImportInfo;
+pub use poolsight_schema::header::Prediction;
 
 impl Default for RecorderConfig {
     fn default() -> Self {

@@ -24,6 +24,8 @@ pub mod poolsight {
     pub use self::phase_generated::*;
     mod clock_generated;
     pub use self::clock_generated::*;
+    mod prediction_generated;
+    pub use self::prediction_generated::*;
     mod device_def_generated;
     pub use self::device_def_generated::*;
     mod import_generated;

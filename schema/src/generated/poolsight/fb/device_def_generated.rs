@@ -24,6 +24,7 @@ impl<'a> DeviceDef<'a> {
   pub const VT_ALLOCATION_UNIT: ::flatbuffers::VOffsetT = 10;
   pub const VT_KIND: ::flatbuffers::VOffsetT = 12;
   pub const VT_OBSERVED: ::flatbuffers::VOffsetT = 14;
+  pub const VT_PREDICTION: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -37,6 +38,7 @@ impl<'a> DeviceDef<'a> {
     let mut builder = DeviceDefBuilder::new(_fbb);
     builder.add_allocation_unit(args.allocation_unit);
     builder.add_capacity(args.capacity);
+    if let Some(x) = args.prediction { builder.add_prediction(x); }
     if let Some(x) = args.name { builder.add_name(x); }
     builder.add_id(args.id);
     builder.add_observed(args.observed);
@@ -87,6 +89,13 @@ impl<'a> DeviceDef<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(DeviceDef::VT_OBSERVED, Some(false)).unwrap()}
   }
+  #[inline]
+  pub fn prediction(&self) -> Option<Prediction<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Prediction>>(DeviceDef::VT_PREDICTION, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for DeviceDef<'_> {
@@ -101,6 +110,7 @@ impl ::flatbuffers::Verifiable for DeviceDef<'_> {
      .visit_field::<u64>("allocation_unit", Self::VT_ALLOCATION_UNIT, false)?
      .visit_field::<DeviceKind>("kind", Self::VT_KIND, false)?
      .visit_field::<bool>("observed", Self::VT_OBSERVED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Prediction>>("prediction", Self::VT_PREDICTION, false)?
      .finish();
     Ok(())
   }
@@ -112,6 +122,7 @@ pub struct DeviceDefArgs<'a> {
     pub allocation_unit: u64,
     pub kind: DeviceKind,
     pub observed: bool,
+    pub prediction: Option<::flatbuffers::WIPOffset<Prediction<'a>>>,
 }
 impl<'a> Default for DeviceDefArgs<'a> {
   #[inline]
@@ -123,6 +134,7 @@ impl<'a> Default for DeviceDefArgs<'a> {
       allocation_unit: 0,
       kind: DeviceKind::Unspecified,
       observed: false,
+      prediction: None,
     }
   }
 }
@@ -157,6 +169,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> DeviceDefBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<bool>(DeviceDef::VT_OBSERVED, observed, false);
   }
   #[inline]
+  pub fn add_prediction(&mut self, prediction: ::flatbuffers::WIPOffset<Prediction<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Prediction>>(DeviceDef::VT_PREDICTION, prediction);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> DeviceDefBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     DeviceDefBuilder {
@@ -180,6 +196,7 @@ impl ::core::fmt::Debug for DeviceDef<'_> {
       ds.field("allocation_unit", &self.allocation_unit());
       ds.field("kind", &self.kind());
       ds.field("observed", &self.observed());
+      ds.field("prediction", &self.prediction());
       ds.finish()
   }
 }
