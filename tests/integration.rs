@@ -54,6 +54,8 @@ mod user_frames;
 mod visuals;
 #[path = "integration/whatif.rs"]
 mod whatif;
+#[path = "integration/whatif_observed.rs"]
+mod whatif_observed;
 #[path = "integration/whatif_uses.rs"]
 mod whatif_uses;
 #[path = "integration/windows.rs"]

@@ -68,6 +68,7 @@ fn record(path: &Path, relabel: bool) {
             allocation_unit: 1,
             kind: DeviceKind::Cpu,
             observed: true,
+            prediction: None,
         }],
         ..RecorderConfig::default()
     };
@@ -154,7 +155,10 @@ fn a_relabelled_block_counts_once_where_it_was_made_and_lives_under_its_new_stac
 
     let info = json(&["info", one, "--format", "json"]);
     assert_eq!(info["events"]["relabel"], 1);
-    assert_eq!(info["format_version"], "1.6");
+    assert_eq!(
+        info["format_version"],
+        format!("1.{}", poolsight::schema::FORMAT_MINOR)
+    );
 
     // Cumulative: the step allocated its state once, in the clone.
     assert_eq!(function_used(one, "SGD.step"), STATE);

@@ -12,10 +12,12 @@ mod expandable;
 pub mod replay;
 mod segments;
 mod settings;
+mod view;
 
 pub use crate::replay::{Oom, Stats};
 pub use allocator::{get_allocation_size, round_size, Allocator, Handle, SegmentEvent, SegmentOp};
 pub use settings::{Settings, SettingsError};
+pub use view::{BlockView, SegmentView};
 
 /// Every size is rounded to at least 512 bytes (`kMinBlockSize`).
 pub const MIN_BLOCK: u64 = 512;

@@ -43,7 +43,7 @@ pub use pages::WINDOW;
 pub use trace::Trace;
 pub use types::{
     ChunkInfo, ChunkKind, Defs, DeviceDef, Events, EventsIter, Footer, FrameDef, Header, Import,
-    ReadError, ThreadDef, Warning,
+    Prediction, ReadError, ThreadDef, Warning,
 };
 
 /// Size prefix, root offset and file identifier.

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use poolsight_schema::{fb, PreludeError};
 
 /// The header, its devices and an import's origin, as the format defines them.
-pub use poolsight_schema::header::{Device as DeviceDef, Header, Import};
+pub use poolsight_schema::header::{Device as DeviceDef, Header, Import, Prediction};
 
 /// Why a file could not be read at all.
 #[derive(Debug, thiserror::Error)]

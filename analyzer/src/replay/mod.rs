@@ -53,8 +53,8 @@ pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
     signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, DevicePeak, EpochFigures,
-    Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Profile, Raised, Seen, Series,
-    Source, NEVER,
+    Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Predicted, Profile, Raised, Seen,
+    Series, Source, NEVER,
 };
 pub use requests::{memory_requests, request_line, MemRequest, RequestKind};
 pub use timeline::Snapshot;
@@ -298,6 +298,7 @@ fn assemble(
         memory: Memory::of(&trace.defs.devices),
         categories: walked.map(|w| w.figures),
         device_peaks: timeline.device_peaks(trace),
+        prediction: Predicted::of(&trace.defs.devices),
     };
     Profile {
         sources: vec![source],

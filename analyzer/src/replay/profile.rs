@@ -556,6 +556,53 @@ pub struct Source {
     /// Each device's own peak of live bytes, for every device that had blocks (with one, it is
     /// the pool's peak).
     pub device_peaks: Vec<DevicePeak>,
+    /// Set when the events are a prediction (format 1.7, `poolsight.torch.fake_cuda`): what
+    /// the predicted device says, and the bytes its allocator may hold.
+    pub prediction: Option<Predicted>,
+}
+
+/// A predicted device of a trace (`DeviceDef.prediction`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Predicted {
+    #[serde(flatten)]
+    pub prediction: crate::read::Prediction,
+    /// The bytes the caching allocator may hold on it (its total less the CUDA context).
+    pub capacity_bytes: u64,
+}
+
+impl Predicted {
+    /// The first predicted device of `devices`.
+    pub fn of(devices: &[DeviceDef]) -> Option<Predicted> {
+        devices.iter().find_map(|d| {
+            d.prediction.as_ref().map(|p| Predicted {
+                prediction: p.clone(),
+                capacity_bytes: d.capacity,
+            })
+        })
+    }
+
+    /// The line reports begin with: what was predicted, for which GPU, by what.
+    pub fn line(&self) -> String {
+        let p = &self.prediction;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let model = if p.model.is_empty() || p.model == p.gpu {
+            String::new()
+        } else {
+            format!(" ({})", p.model)
+        };
+        format!(
+            "prediction: a CUDA run on {}{model}, made without a GPU by {}; \
+             the allocator may hold {:.2} GiB of its {:.2} GiB",
+            p.gpu,
+            if p.made_by.is_empty() {
+                "fake_cuda"
+            } else {
+                &p.made_by
+            },
+            gib(self.capacity_bytes),
+            gib(p.total_bytes),
+        )
+    }
 }
 
 /// One device's own peak of live bytes, exact from the events in time order.
@@ -599,6 +646,11 @@ impl Profile {
         Memory::combine(self.sources.iter().map(|s| s.memory))
     }
 
+    /// What the first predicted trace predicted (`None`: the traces are recordings).
+    pub fn prediction(&self) -> Option<&Predicted> {
+        self.sources.iter().find_map(|s| s.prediction.as_ref())
+    }
+
     /// Wall time of the longest of the merged traces.
     pub fn duration_ns(&self) -> u64 {
         self.sources
@@ -629,6 +681,7 @@ mod tests {
             allocation_unit: 1,
             kind,
             observed,
+            prediction: None,
         }
     }
 

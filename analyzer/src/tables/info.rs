@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::render::{humanized, seconds_or_ms};
 use crate::read::names::{event_keys, mark_kind_name, mem_kind_name, scope_event_name, FrameKind};
 use crate::read::{ChunkInfo, ChunkKind, Import, Trace};
-use crate::replay::{Memory, MemoryKind, PoolFigures, Profile};
+use crate::replay::{Memory, MemoryKind, PoolFigures, Predicted, Profile};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ThreadInfo {
@@ -35,6 +35,9 @@ pub struct DeviceInfo {
     pub kind: &'static str,
     /// Its events observe an allocator from outside: no pool of poolsight's.
     pub observed: bool,
+    /// Format 1.7: what a predicted device (`fake_cuda`) was predicted for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<crate::read::Prediction>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -81,6 +84,9 @@ pub struct Info {
     /// What memory the devices' events are about; left out where the trace does not say.
     #[serde(skip_serializing_if = "Memory::unspecified")]
     pub memory: Memory,
+    /// Set when the trace is a prediction (`poolsight.torch.fake_cuda`, format 1.7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Predicted>,
 }
 
 /// Adds what only a replay knows: the pool's peaks and counts, and the epochs.
@@ -226,6 +232,7 @@ pub fn info(trace: &Trace) -> Info {
                 allocation_unit: d.allocation_unit,
                 kind: d.kind.name(),
                 observed: d.observed,
+                prediction: d.prediction.clone(),
             });
         }
     }
@@ -272,11 +279,15 @@ pub fn info(trace: &Trace) -> Info {
         pool: None,
         epochs: None,
         memory: Memory::of(&trace.defs.devices),
+        prediction: Predicted::of(&trace.defs.devices),
     }
 }
 
 pub fn render_table(i: &Info) -> String {
     let mut o = String::new();
+    if let Some(p) = &i.prediction {
+        let _ = writeln!(o, "{}", p.line());
+    }
     let _ = writeln!(o, "trace        {}", i.path);
     let _ = writeln!(
         o,
@@ -375,10 +386,15 @@ pub fn render_table(i: &Info) -> String {
             // No pool: nothing is held beyond what is live, and nothing comes from a device.
             let _ = writeln!(
                 o,
-                "memory       peak live {} at {} ({}, observed: no pool)",
+                "memory       peak live {} at {} ({}, {})",
                 humanized(p.peak_used_bytes),
                 seconds_or_ms(p.peak_used_ns),
-                i.memory.what()
+                i.memory.what(),
+                if i.prediction.is_some() {
+                    "predicted: no pool"
+                } else {
+                    "observed: no pool"
+                }
             );
             let _ = writeln!(
                 o,
@@ -427,7 +443,12 @@ fn device_words(d: &DeviceInfo) -> String {
         "cpu" => "CPU memory",
         _ => return size,
     };
-    if d.observed {
+    if let Some(p) = &d.prediction {
+        format!(
+            "{what}, predicted for {}: {} bytes for the allocator, unit {}",
+            p.gpu, d.capacity_bytes, d.allocation_unit
+        )
+    } else if d.observed {
         // An observer knows no capacity: the allocator it watches does.
         format!("{what}, observed: no pool, unit {}", d.allocation_unit)
     } else {

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::render::{humanized, seconds};
 use super::{DiffKey, Figures, Quantity, ReportOptions, Table};
-use crate::replay::{signed, Memory, Profile};
+use crate::replay::{signed, Memory, Predicted, Profile};
 
 /// Headline figures. With several traces (ranks), peaks are the largest rank's and counts
 /// are summed.
@@ -26,6 +26,9 @@ pub struct Summary {
     /// (a pool, as before format 1.4).
     #[serde(skip_serializing_if = "Memory::unspecified")]
     pub memory: Memory,
+    /// Set when the figures are a prediction (`poolsight.torch.fake_cuda`, format 1.7).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Predicted>,
 }
 
 pub fn summary(p: &Profile) -> Summary {
@@ -48,6 +51,7 @@ pub fn summary(p: &Profile) -> Summary {
             .flat_map(|s| s.warnings.iter().map(move |w| format!("{}: {w}", s.path)))
             .collect(),
         memory: p.memory(),
+        prediction: p.prediction().cloned(),
     }
 }
 
@@ -64,9 +68,14 @@ pub fn render_summary(s: &Summary) -> String {
     let m = &s.memory;
     let peak = if m.observed {
         format!(
-            "peak live {} of {} (observed: no pool); {} allocations{ooms}",
+            "peak live {} of {} ({}: no pool); {} allocations{ooms}",
             humanized(s.peak_used_bytes),
             m.what(),
+            if s.prediction.is_some() {
+                "predicted"
+            } else {
+                "observed"
+            },
             s.total_allocations,
         )
     } else {
@@ -79,8 +88,12 @@ pub fn render_summary(s: &Summary) -> String {
             s.device_allocations,
         )
     };
+    let predicted = match &s.prediction {
+        Some(p) => format!("{}\n", p.line()),
+        None => String::new(),
+    };
     format!(
-        "{peak}; {} events over {}\n\
+        "{predicted}{peak}; {} events over {}\n\
          functions and lines below count cumulative bytes: every allocation request, frees not subtracted\n",
         s.events,
         seconds(s.duration_ns),

@@ -100,11 +100,23 @@ pub fn devices(trace: &Trace, capacity: Option<u64>) -> Vec<Device> {
                 (None, None, Some(c)) if c > 0 => (Some(c), CapacitySource::AtOutOfMemory),
                 _ => (None, CapacitySource::None),
             };
+            // An observed device's acquisitions and releases mirror each block (an observer of
+            // PyTorch's allocator sees no segments): they are not the allocator's decisions,
+            // and a run of releases would read as `empty_cache()`.
+            let observed = trace
+                .defs
+                .devices
+                .iter()
+                .find(|d| d.id == dev)
+                .is_some_and(|d| d.observed);
             // Segments held from before the trace are the state the replay starts from (taken
             // from the snapshot's `segments`), not segments the trace recorded: the model reads
             // them as memory held from the start (address 1, as an importer writes a lump).
             let requests = mine
                 .iter()
+                .filter(|r| {
+                    !(observed && matches!(r.kind, RequestKind::Acquire | RequestKind::Release))
+                })
                 .map(|r| Request {
                     op: r.kind,
                     stream: r.stream,
