@@ -492,6 +492,8 @@ def whatif(
 def main(argv: list[str] | None = None) -> int:
     """Runs the ``poolsight`` command (the Rust CLI) with ``argv`` (default: ``sys.argv``)."""
     args = list(sys.argv if argv is None else ["poolsight", *argv])
+    # `poolsight predict` runs its command with this interpreter, which has this package.
+    os.environ.setdefault("POOLSIGHT_PYTHON", sys.executable)
     sys.stdout.flush()
     sys.stderr.flush()
     return _native.cli(args)

@@ -21,6 +21,15 @@ The figures are the analyzer's (``poolsight report`` of the test's trace):
 
 Limits are bytes (an int) or strings as pytest-memray reads them: ``"24 MB"`` (KB, MB, GB, TB
 are powers of 1024; KiB, MiB... are accepted too).
+
+``--poolsight-fake-cuda`` (which implies ``--poolsight``), on a machine without a GPU: each test
+runs under ``poolsight.torch.fake_cuda`` for the GPU ``--poolsight-gpu`` names (default
+H100-80GB), and ``torch.cuda.is_available()`` says True from the start of the session, so
+tests that use ``cuda`` (and those skipped without it) run, on fake CUDA tensors, and
+``limit_memory(..., device="cuda")`` checks the predicted peak: the same figure on every run.
+A test that asks a fake tensor for a value fails with the line that asked; one that needs more
+than the GPU holds fails with PyTorch's out-of-memory error, as it would on the GPU. Where a
+GPU is present, tests run on it as they are.
 """
 
 from __future__ import annotations
@@ -98,6 +107,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the end); read them with `poolsight report DIR/TRACE`",
     )
     group.addoption(
+        "--poolsight-fake-cuda",
+        action="store_true",
+        default=False,
+        help="where no GPU is present, run each test on fake CUDA tensors "
+        "(poolsight.torch.fake_cuda): tests that use cuda run, and limit_memory(..., "
+        "device='cuda') checks the predicted peak; implies --poolsight",
+    )
+    group.addoption(
+        "--poolsight-gpu",
+        metavar="NAME",
+        default=None,
+        help="the GPU --poolsight-fake-cuda predicts for (default H100-80GB; "
+        "`poolsight predict --list-gpus` lists them)",
+    )
+    group.addoption(
         "--poolsight-top",
         metavar="N",
         type=int,
@@ -119,7 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "`limit` of what it allocated is still alive after it returned; `warmups` runs it "
         "that many times unrecorded first",
     )
-    if config.getoption("poolsight"):
+    if config.getoption("poolsight") or config.getoption("poolsight_fake_cuda"):
         top = config.getoption("poolsight_top")
         if top < 0:
             raise pytest.UsageError(f"--poolsight-top is 0 (all) or more, not {top}")
@@ -256,8 +280,46 @@ class _Recorder:
                 self.cupy = poolsight.cupy
             except Exception as e:  # CuPy without a usable CUDA install
                 self.notes.append(f"CuPy is installed but not recorded ({e})")
+        # --poolsight-fake-cuda: the GPU tests are predicted for, when there is no GPU.
+        self.fake_gpu: str | None = None
+        self._available: Any = None
+        if config.getoption("poolsight_fake_cuda"):
+            self._fake_cuda(config.getoption("poolsight_gpu"))
+        elif config.getoption("poolsight_gpu") is not None:
+            raise pytest.UsageError("--poolsight-gpu is for --poolsight-fake-cuda")
+
+    def _fake_cuda(self, gpu: str | None) -> None:
+        if self.torch is None:
+            raise pytest.UsageError("--poolsight-fake-cuda needs PyTorch")
+        import torch
+
+        from ._fake import gpus
+
+        try:
+            spec = gpus.lookup(gpu) if gpu is not None else gpus.GPUS[gpus.DEFAULT]
+        except ValueError as e:
+            raise pytest.UsageError(f"--poolsight-gpu: {e}") from None
+        if torch.cuda.device_count() > 0:
+            self.notes.append(
+                "--poolsight-fake-cuda: a GPU is present, so tests ran on it, not on fake tensors"
+            )
+            return
+        self.fake_gpu = spec.key
+        self.notes.append(
+            f"tests ran on fake CUDA tensors (--poolsight-fake-cuda): figures on cuda are "
+            f"predicted for {spec.key}"
+        )
+        # Collected as a GPU machine would collect them (skipif(not torch.cuda.is_available())).
+        self._available = (torch.cuda.is_available, torch.cuda.device_count)
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: 1
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._available is not None:
+            import torch
+
+            torch.cuda.is_available, torch.cuda.device_count = self._available
+            self._available = None
         if self.temporary:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -315,7 +377,10 @@ class _Recorder:
         def recording() -> Any:
             with poolsight.record(result.path, overwrite=True, cpu=None) as rec:
                 with contextlib.ExitStack() as stack:
-                    if self.torch is not None:
+                    if self.fake_gpu is not None:
+                        # fake_cuda tracks the recording itself (it must come first).
+                        stack.enter_context(self.torch.fake_cuda(self.fake_gpu))
+                    elif self.torch is not None:
                         stack.enter_context(self.torch.track(recorder=rec))
                     if self.cupy is not None:
                         stack.enter_context(self.cupy.TraceHook(rec))

@@ -278,6 +278,10 @@ class _State:
         """Starts the native observer on this thread; None, or why it cannot be."""
         if self.rec.stacks == "python":
             return "stacks='python' needs the Python backend"
+        from ._fake import is_fake
+
+        if is_fake():
+            return "fake_cuda is active (fake tensors take no memory for PyTorch to report)"
         if torch.autograd.profiler._is_profiler_enabled:
             return "a torch.profiler is running (its memory reports would hide poolsight's)"
         from . import _native_observer
@@ -634,6 +638,24 @@ class _Tracker:
         self._handles.clear()
 
 
+@contextlib.contextmanager
+def _joined(
+    state: _State, tracker: _Tracker, model: Any, optimizers: list, scopes: bool
+) -> Iterator[_Tracker]:
+    """A ``track()`` inside one already going on (``fake_cuda``'s): its model and optimizers
+    added to what the tracker knows, the model's modules scopes while it lasts."""
+    taken = state.acquire_modules(model) if (scopes and model is not None) else []
+    try:
+        if model is not None:
+            for module in model.modules():
+                tracker.saw_module(module)
+        for opt in optimizers:
+            tracker._optimizer_tensors(opt)
+        yield tracker
+    finally:
+        state.release_modules(taken)
+
+
 def _hooked(rec: Recording, model: torch.nn.Module) -> bool:
     """Whether :func:`hook` is active on ``model`` for ``rec``."""
     return rec._torch is not None and id(model) in rec._torch.hooked
@@ -686,6 +708,12 @@ def track(
                 f"not {type(opt).__name__}"
             )
     state = _State.of(rec)
+    if state.tracker is not None and getattr(state.tracker, "_implicit", False):
+        # fake_cuda tracks a recording from its start: this joins it, with the model's
+        # modules as scopes and its tensors (and the optimizers') known from now on.
+        with _joined(state, state.tracker, model, optimizers, scopes) as tracker:
+            yield tracker
+        return
     if state.tracker is not None:
         raise PoolsightError("track() is already active for this recording")
     # After the checks: a refused call leaves no hooks on the model, and one that fails while
@@ -717,3 +745,10 @@ def track(
 from ._torch_files import from_profile, import_file, record_history  # noqa: E402
 
 __all__ += ["from_profile", "import_file", "record_history"]
+
+# A CUDA run predicted on any machine: see _fake (docs/predict.md).
+from ._fake import FakeCudaError, FakeRun, fake_cuda, is_fake  # noqa: E402
+from ._fake.gpus import GPUS  # noqa: E402
+from .predict import Search, largest_batch  # noqa: E402
+
+__all__ += ["GPUS", "FakeCudaError", "FakeRun", "Search", "fake_cuda", "is_fake", "largest_batch"]

@@ -20,6 +20,7 @@ mod alloc_shim;
 mod autograd;
 mod cupy_alloc;
 mod cupy_hook;
+mod fake_cuda;
 mod stacks;
 mod torch_alloc;
 mod torch_files;
@@ -256,6 +257,7 @@ impl Recorder {
             allocation_unit: allocation_unit.max(1),
             kind,
             observed,
+            prediction: None,
         });
         Ok(())
     }
@@ -778,6 +780,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     torch_files::register(m)?;
     torch_track::register(m)?;
     whatif::register(m)?;
+    fake_cuda::register(m)?;
     Ok(())
 }
 

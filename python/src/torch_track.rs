@@ -36,7 +36,10 @@ use sites::Sites;
 use storages::Gone;
 
 /// `poolsight.torch.CATEGORIES` (the Python module takes them from here), in its order.
-const CATEGORIES: [&str; 7] = [
+/// `workspace` is what PyTorch's libraries take for themselves through the caching allocator
+/// (the cuBLAS workspace of each thread and stream): only a fake CUDA run, which models it,
+/// records it.
+const CATEGORIES: [&str; 8] = [
     "parameter",
     "buffer",
     "gradient",
@@ -44,6 +47,7 @@ const CATEGORIES: [&str; 7] = [
     "optimizer_state",
     "temporary",
     "input",
+    "workspace",
 ];
 const GRADIENT: u8 = 2;
 const ACTIVATION: u8 = 3;
@@ -337,6 +341,9 @@ impl TorchState {
                 if let Some(parent) = self.backward_parent(py)? {
                     return Ok(parent);
                 }
+                // A node no module made (the loss's, or any without module scopes): under the
+                // line that called backward(), as its operator's scope would be.
+                return self.user_parent(py, session.current_stack());
             }
             return Ok(session.current_stack());
         }

@@ -53,5 +53,35 @@ fn whatif_json(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(whatif_json, m)?)
+    m.add_function(wrap_pyfunction!(whatif_json, m)?)?;
+    m.add_function(wrap_pyfunction!(predict_report, m)?)
+}
+
+/// `poolsight predict`'s reading of a prediction's trace (`poolsight::cli::predict`): the
+/// text it prints (or its JSON with `json`) and whether the run fits.
+#[pyfunction]
+#[pyo3(signature = (trace, settings, capacity, json))]
+fn predict_report(
+    py: Python<'_>,
+    trace: PathBuf,
+    settings: &str,
+    capacity: Option<u64>,
+    json: bool,
+) -> PyResult<(String, bool)> {
+    let found = py
+        .detach(|| {
+            poolsight::cli::predict::summarize(
+                &trace,
+                settings,
+                capacity,
+                &Reading { frames: None },
+            )
+        })
+        .map_err(|e| PoolsightError::new_err(format!("{e:#}")))?;
+    let text = if json {
+        poolsight::cli::predict::json(&found)
+    } else {
+        poolsight::cli::predict::render(&found)
+    };
+    Ok((text, found.fits))
 }

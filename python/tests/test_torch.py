@@ -427,6 +427,7 @@ def test_track_tensor_refuses_what_is_not_a_tensor_or_a_category(trace):
         "optimizer_state",
         "temporary",
         "input",
+        "workspace",
     )
     t = torch.ones(4)  # made before tracking: only track_tensor records it
     with poolsight.record(trace):

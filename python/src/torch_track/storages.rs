@@ -93,7 +93,16 @@ impl TorchState {
         let id = self.session().unused_device_id();
         storages.devices.insert(key, id);
         drop(storages);
-        let info = poolsight::import::device::pytorch_device(id, device_type, index, true);
+        let mut info = poolsight::import::device::pytorch_device(id, device_type, index, true);
+        if device_type == "cuda" {
+            if let Some((prediction, capacity)) = crate::fake_cuda::active_prediction() {
+                // A fake CUDA run's device: what it predicts for, its blocks rounded as the
+                // caching allocator rounds them.
+                info.capacity = capacity;
+                info.allocation_unit = 512;
+                info.prediction = Some(prediction);
+            }
+        }
         self.session().define_device_info(info);
         id
     }
@@ -118,13 +127,31 @@ impl TorchState {
         }
     }
 
+    /// A tensor off the GPU while a fake CUDA run is recorded: the prediction is of the GPU's
+    /// memory, and the CPU's tensors are not recorded.
+    fn not_predicted(py: Python<'_>, t: &Bound<'_, PyAny>) -> PyResult<bool> {
+        if !crate::fake_cuda::is_active() {
+            return Ok(false);
+        }
+        Ok(!t.getattr(intern!(py, "is_cuda"))?.extract::<bool>()?)
+    }
+
     pub(super) fn is_seen(&self, key: u64) -> bool {
         lock(&self.storages).seen.contains_key(&key)
     }
 
-    /// Storage `st`'s size and address, or None for one that holds no memory (a meta
-    /// tensor's, an empty one's: address 0), which is not recorded.
-    pub(super) fn block(py: Python<'_>, st: &Bound<'_, PyAny>) -> PyResult<Option<(u64, u64)>> {
+    /// Storage `st`'s (key `key`) size and address, or None for one that holds no memory
+    /// (a meta tensor's, an empty one's: address 0), which is not recorded. A fake CUDA
+    /// tensor's storage (`fake_cuda`) holds none either: its block is the one the active fake
+    /// GPU's allocator model served it.
+    pub(super) fn block(
+        py: Python<'_>,
+        st: &Bound<'_, PyAny>,
+        key: u64,
+    ) -> PyResult<Option<(u64, u64)>> {
+        if let Some((addr, size)) = crate::fake_cuda::address_of(key) {
+            return Ok(Some((size, addr)));
+        }
         let ptr: u64 = st.call_method0(intern!(py, "data_ptr"))?.extract()?;
         if ptr == 0 {
             return Ok(None);
@@ -185,6 +212,9 @@ impl TorchState {
     ) -> PyResult<()> {
         let py = slf.py();
         let this = slf.get();
+        if Self::not_predicted(py, t)? {
+            return Ok(());
+        }
         let Some((st, key)) = Self::storage(py, t)? else {
             return Ok(());
         };
@@ -208,7 +238,7 @@ impl TorchState {
                 Ok(())
             }
             None => {
-                let Some((bytes, ptr)) = Self::block(py, &st)? else {
+                let Some((bytes, ptr)) = Self::block(py, &st, key)? else {
                     return Ok(());
                 };
                 let in_backward = this.in_backward(py)?;
@@ -233,14 +263,18 @@ impl TorchState {
         let this = slf.get();
         let tensor = this.calls.tensor.bind(py);
         let mut category = None;
+        let fake = crate::fake_cuda::is_active();
         let mut each = |t: &Bound<'_, PyAny>| -> PyResult<()> {
+            if fake && Self::not_predicted(py, t)? {
+                return Ok(());
+            }
             let Some((st, key)) = Self::storage(py, t)? else {
                 return Ok(());
             };
             if this.is_seen(key) {
                 return Ok(());
             }
-            let Some((bytes, ptr)) = Self::block(py, &st)? else {
+            let Some((bytes, ptr)) = Self::block(py, &st, key)? else {
                 return Ok(());
             };
             let cat = match category {
