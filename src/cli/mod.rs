@@ -16,6 +16,7 @@ mod import;
 mod load;
 mod oom;
 mod output;
+pub mod predict;
 mod tables;
 mod views;
 pub mod whatif;
@@ -139,6 +140,15 @@ enum Command {
     /// --min-capacity finds the smallest device each setting fits in; --check compares the
     /// model with the segments and blocks a snapshot recorded. See docs/whatif.md.
     Whatif(whatif::WhatifArgs),
+    /// Predict a CUDA run without a GPU: a Python command run on fake CUDA tensors.
+    ///
+    /// `poolsight predict [--gpu NAME | --capacity BYTES] [-o TRACE] -- COMMAND...` runs the
+    /// command (`python train.py ...`) under poolsight.torch.fake_cuda, writes the trace, and
+    /// prints the predicted active and reserved peaks, whether it fits the GPU, the first
+    /// request that would not, the smallest capacity, and what was live at the peak. Exit 0
+    /// fits, 1 does not, 2 bad input or the command failed. `poolsight predict --help` lists
+    /// every option; see docs/predict.md.
+    Predict(predict::PredictArgs),
 }
 
 /// The names of the commands (`demo`, `info`, `functions`, ...).
@@ -256,6 +266,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Pack(a) => export::pack(a, r, &mut out)?,
         Command::Import(a) => import::import(a, cli.frames.unwrap_or_default(), &mut out)?,
         Command::Whatif(a) => whatif::run(a, r, &mut out)?,
+        Command::Predict(a) => return predict::run(a),
     }
     out.flush()?;
     Ok(0)

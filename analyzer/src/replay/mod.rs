@@ -52,9 +52,9 @@ pub(crate) use fold::row_bytes;
 pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
-    signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, DevicePeak, EpochFigures,
-    Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Predicted, Profile, Raised, Seen,
-    Series, Source, NEVER,
+    binary_bytes, signed, Agg, CallBytes, CallTree, CategoryBytes, CategoryFigures, DevicePeak,
+    EpochFigures, Frame, Memory, MemoryKind, ModuleBytes, Node, PoolFigures, Predicted, Profile,
+    Raised, Seen, Series, Source, NEVER,
 };
 pub use requests::{memory_requests, request_line, MemRequest, RequestKind};
 pub use timeline::Snapshot;

@@ -584,7 +584,6 @@ impl Predicted {
     /// The line reports begin with: what was predicted, for which GPU, by what.
     pub fn line(&self) -> String {
         let p = &self.prediction;
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let model = if p.model.is_empty() || p.model == p.gpu {
             String::new()
         } else {
@@ -592,17 +591,33 @@ impl Predicted {
         };
         format!(
             "prediction: a CUDA run on {}{model}, made without a GPU by {}; \
-             the allocator may hold {:.2} GiB of its {:.2} GiB",
+             the allocator may hold {} of its {}",
             p.gpu,
             if p.made_by.is_empty() {
                 "fake_cuda"
             } else {
                 &p.made_by
             },
-            gib(self.capacity_bytes),
-            gib(p.total_bytes),
+            binary_bytes(self.capacity_bytes),
+            binary_bytes(p.total_bytes),
         )
     }
+}
+
+/// Bytes in binary units with two decimals, as `poolsight predict` says them: `512 B`,
+/// `17.25 MiB`, `79.19 GiB`.
+pub fn binary_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if b < 1024 {
+        return format!("{b} B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
 }
 
 /// One device's own peak of live bytes, exact from the events in time order.

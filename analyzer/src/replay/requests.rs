@@ -75,13 +75,16 @@ pub fn memory_requests(trace: &Trace) -> Vec<MemRequest> {
     sink.out
 }
 
-/// The line that made a request: the innermost frame of its stack that is not a label
-/// (`file:line:function`), or `None` for a request without a stack.
+/// The line that made a request, as the out-of-memory report says it ([`super::oom::user_line`]):
+/// the innermost frame with a file and a line, with the operator or scope inside it, or `None`
+/// for a request without a stack.
 pub fn request_line(trace: &Trace, stack: u32) -> Option<String> {
     if stack == 0 {
         return None;
     }
     let frames = frames_of_stack(trace, stack);
-    let f = frames.iter().rev().find(|f| f.kind != FrameKind::Label)?;
-    Some(format!("{}:{}:{}", f.file, f.line, f.name))
+    let refs: Vec<&super::profile::Frame> = frames.iter().collect();
+    refs.iter()
+        .any(|f| f.kind != FrameKind::Label)
+        .then(|| super::oom::user_line(&refs))
 }
