@@ -1,7 +1,7 @@
 //! Categories inferred where the stacks alone cannot tell whose a block is: an optimizer that is
 //! not PyTorch's (the user's own `Optimizer` subclass, bitsandbytes' 8-bit Adam resumed from a
-//! checkpoint), and parameters made before recording began, named by the gradients that match
-//! them (fixtures/pytorch/make.py writes the files).
+//! checkpoint; a profiler trace of the same), and parameters made before recording began, named
+//! by the gradients that match them (fixtures/pytorch/make.py writes the snapshots).
 
 use std::path::Path;
 
@@ -147,4 +147,65 @@ fn frozen_parameters_and_forward_only_runs_stay_before_recording() {
         .unwrap()
         .iter()
         .all(|c| c.get("inferred_from").is_none()));
+}
+
+/// A profiler trace (`export_chrome_trace`, `with_stack=True`) of a hand-written optimizer's
+/// step: its state, made under PyTorch's step wrapper and the user's `optimizers.py`, is
+/// optimizer state; the closure's module forward inside the same range is the model's.
+#[test]
+fn a_profiler_trace_of_a_hand_written_optimizer_gets_the_same_categories() {
+    let x = |name: &str, ts: f64, dur: f64, cat: &str| {
+        format!(
+            r#"{{"ph": "X", "cat": "{cat}", "name": "{name}", "pid": 1, "tid": 1, "ts": {ts}, "dur": {dur}}}"#
+        )
+    };
+    let mem = |ts: f64, bytes: i64, addr: u64| {
+        format!(
+            r#"{{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": {ts}, "args": {{"Bytes": {bytes}, "Addr": {addr}, "Device Type": 1, "Device Id": 0}}}}"#
+        )
+    };
+    let events = [
+        x("Optimizer.step#AdamW.step", 100.0, 100.0, "user_annotation"),
+        x(
+            "/opt/conda/lib/python3.11/site-packages/torch/optim/optimizer.py(487): wrapper",
+            101.0,
+            98.0,
+            "python_function",
+        ),
+        x(
+            "/home/me/proj/optimizers.py(70): step",
+            102.0,
+            96.0,
+            "python_function",
+        ),
+        mem(110.0, 4096, 0x1000),
+        x(
+            "/home/me/proj/train.py(84): closure",
+            120.0,
+            40.0,
+            "python_function",
+        ),
+        x("nn.Module: Linear_0", 121.0, 30.0, "python_function"),
+        mem(125.0, 8192, 0x2000),
+        mem(170.0, 1024, 0x3000),
+        mem(175.0, -1024, 0x3000),
+        mem(250.0, 512, 0x4000),
+    ];
+    let path = crate::support::scratch::file("hand_written.json");
+    std::fs::write(
+        &path,
+        format!(r#"{{"traceEvents": [{}]}}"#, events.join(",\n")),
+    )
+    .unwrap();
+    let o = cli(&[
+        "categories",
+        "--format",
+        "json",
+        &path.display().to_string(),
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let j = o.json();
+    assert_eq!(figure(&j, "optimizer_state", "at_end_bytes"), 4096, "{j}");
+    assert_eq!(figure(&j, "activation", "at_end_bytes"), 8192 + 512, "{j}");
+    assert_eq!(figure(&j, "temporary", "max_bytes"), 1024, "{j}");
 }
