@@ -497,6 +497,18 @@ mod tests {
             ("aten::zeros_like", "??", 0),
         ]);
         assert!(state.optimizer && !state.model, "{state:?}");
+        // Its `step` under `@torch.no_grad()`: PyTorch's decorator between the two.
+        let no_grad = py(
+            "/x/site-packages/torch/utils/_contextlib.py",
+            "decorate_context",
+        );
+        let e = evidence_of(&[
+            main,
+            wrapper,
+            no_grad,
+            py("/home/me/proj/optimizers.py", "step"),
+        ]);
+        assert!(e.optimizer && !e.model, "{e:?}");
         // `optimizer.step(closure)`: the closure's forward is the model's.
         let closure = evidence_of(&[
             main,
