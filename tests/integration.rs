@@ -38,6 +38,8 @@ mod gate;
 mod golden;
 #[path = "integration/html.rs"]
 mod html;
+#[path = "integration/inferred_owners.rs"]
+mod inferred_owners;
 #[path = "integration/parquet.rs"]
 mod parquet;
 #[path = "integration/relabel.rs"]

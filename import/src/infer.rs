@@ -8,10 +8,11 @@
 //!    says what it is: no module construction, forward, backward or optimizer step.
 //! 2. **gradient**: made in the backward pass and still live when the backward pass is over
 //!    (the next allocation outside it); **temporary** when freed inside it.
-//! 3. **optimizer_state**: made in an optimizer step (a frame under `torch/optim/` with none of
-//!    the user's own inside it, as in a closure's forward; or, for a stack without Python
-//!    frames, an `Optimizer.step` range open) and still live when the step is over;
-//!    **temporary** otherwise.
+//! 3. **optimizer_state**: made by an optimizer ([`optimizer_frame`]: a frame under
+//!    `torch/optim/`, such as the step wrapper every `Optimizer` subclass's `step` runs in, or
+//!    an optimizer library's; or an `Optimizer.step#...` / `Optimizer.zero_grad#...` range
+//!    open) with no module `forward` or `closure` run inside it (a closure's forward stays the
+//!    model's), and still live when the step is over; **temporary** otherwise.
 //! 4. **parameter**: made by a module's construction or its move to a device (`__init__`,
 //!    `_apply`, `reset_parameters`, `torch/nn/init.py`, `torch/nn/parameter.py`, `torch.load`)
 //!    and never freed. A block live from the start made under a module's forward is an
@@ -43,6 +44,28 @@ pub struct Evidence {
     pub has_stack: bool,
     /// Some of its frames are Python code.
     pub python: bool,
+    /// The model runs in it: a module's `forward`, or a function named `closure` of the
+    /// user's (what `optimizer.step(closure)` runs is the model's, not the optimizer's).
+    pub model: bool,
+}
+
+impl Evidence {
+    /// The evidence of an allocation made while an optimizer's range (`Optimizer.step#...`,
+    /// [`is_optimizer_range`]) was open: the optimizer's, unless it is the backward pass or
+    /// the model run inside the step (a closure).
+    pub fn in_optimizer_range(self) -> Evidence {
+        Evidence {
+            optimizer: self.optimizer || (!self.backward && !self.model),
+            ..self
+        }
+    }
+}
+
+/// Whether a `record_function` range is an optimizer's own (`Optimizer.step#AdamW.step`,
+/// `Optimizer.zero_grad#AdamW.zero_grad`: `torch.optim.Optimizer` opens them for every
+/// subclass, a library's or the user's own).
+pub fn is_optimizer_range(name: &str) -> bool {
+    name.starts_with("Optimizer.step") || name.starts_with("Optimizer.zero_grad")
 }
 
 /// One allocation: its evidence and the position of its free among the allocations (the
@@ -67,26 +90,52 @@ pub enum Prev {
 
 /// What a stack says ([`Evidence`] without its lifetime), its frames `(name, file, line)`
 /// outermost first: the backward pass by its engine's frames, an autograd node or
-/// `torch.autograd.backward`; Python frames under `torch/optim/` (unless the user's own code
-/// runs inside them: a closure), a module's `forward`, a module's construction.
+/// `torch.autograd.backward`; an optimizer's frames ([`optimizer_frame`]) unless the model
+/// runs inside them (a module's `forward`, or the user's code that a PyTorch optimizer's
+/// `step`, or a hand-written one from another file, calls: a closure); a module's `forward`;
+/// a module's construction. The user's code that `Optimizer`'s step wrapper calls directly is
+/// a hand-written optimizer's `step`, and what it calls in its own file is the optimizer's.
 pub fn evidence_of(raw: &[(&str, &str, u32)]) -> Evidence {
     let mut e = Evidence {
         backward: crate::frames::in_backward(raw),
         has_stack: !raw.is_empty(),
         ..Default::default()
     };
+    // The last frame under `torch/optim/`, and the file of the user's own optimizer code (a
+    // subclass's `step`, which the base class's step wrapper calls).
+    let mut last_torch_optim: Option<&str> = None;
+    let mut owner: Option<&str> = None;
     for &(name, file, _) in raw {
         if !file.ends_with(".py") {
             continue;
         }
         e.python = true;
-        // The optimizer's, unless the user's own code runs inside it (a closure).
-        if in_optimizer(file) {
+        let user = crate::frames::is_user_file(file);
+        if optimizer_frame(file, name) {
             e.optimizer = true;
-        } else if crate::frames::is_user_file(file) {
+            if in_optimizer(file) {
+                last_torch_optim = Some(file);
+            } else if user {
+                owner = Some(file);
+            }
+        } else if e.optimizer
+            && user
+            && owner.is_none()
+            && last_torch_optim.is_some_and(|f| f.ends_with("torch/optim/optimizer.py"))
+        {
+            // `Optimizer`'s wrapper called a subclass's step: the optimizer is the user's.
+            owner = Some(file);
+        } else if e.optimizer && user && owner != Some(file) {
+            // The optimizer called the user's code: a closure, the model's.
+            e.optimizer = false;
+            e.model = true;
+        }
+        if name == "forward" {
+            e.forward = true;
+            e.model = true;
             e.optimizer = false;
         }
-        e.forward |= name == "forward";
+        e.model |= user && name == "closure";
         e.parameter |= makes_parameter(file, name);
     }
     e
@@ -271,7 +320,38 @@ pub fn makes_parameter(file: &str, function: &str) -> bool {
 
 /// Whether a Python frame is an optimizer's (rule 3).
 pub fn in_optimizer(file: &str) -> bool {
-    file.contains("torch/optim/") && !file.contains("lr_scheduler")
+    file.contains("torch/optim/") && !file.contains("lr_scheduler") && !file.contains("swa_utils")
+}
+
+/// Whether a Python frame says an optimizer is at work (rule 3): PyTorch's optimizers and the
+/// `Optimizer` base class ([`in_optimizer`]: its step wrapper, `zero_grad`, `load_state_dict`,
+/// `__init__`), an installed package's optimizer module (a directory or file named for one:
+/// `bitsandbytes/optim/`, `apex/optimizers/`, `torchao/optim/`, `low_bit_optim/`), a user's
+/// `zero_grad`, or the `__init__` of a user's file named for optimizers (`optimizers.py`:
+/// state made eagerly in a hand-written optimizer's constructor, where no range or PyTorch
+/// frame is open; a class elsewhere cannot be told from a module's construction).
+pub fn optimizer_frame(file: &str, function: &str) -> bool {
+    if in_optimizer(file) {
+        return true;
+    }
+    if file.contains("torch/") || file.contains("lr_scheduler") {
+        return false;
+    }
+    let names_optimizer = |part: &str| {
+        let stem = part
+            .strip_suffix(".py")
+            .unwrap_or(part)
+            .to_ascii_lowercase();
+        ["optim", "optimizer", "optimizers"]
+            .iter()
+            .any(|o| stem == *o || stem.ends_with(&format!("_{o}")))
+    };
+    let parts: Vec<&str> = file.split(['/', '\\']).collect();
+    if crate::frames::is_user_file(file) {
+        return function == "zero_grad"
+            || (function == "__init__" && parts.last().is_some_and(|p| names_optimizer(p)));
+    }
+    parts.iter().any(|p| names_optimizer(p))
 }
 
 #[cfg(test)]
@@ -374,5 +454,93 @@ mod tests {
         assert!(!in_optimizer(
             "/x/site-packages/torch/optim/lr_scheduler.py"
         ));
+        for (file, function) in [
+            ("/x/site-packages/torch/optim/optimizer.py", "wrapper"),
+            (
+                "/x/site-packages/bitsandbytes/optim/optimizer.py",
+                "init_state",
+            ),
+            ("/x/site-packages/apex/optimizers/fused_adam.py", "step"),
+            (
+                "/x/site-packages/torchao/prototype/low_bit_optim/adam.py",
+                "step",
+            ),
+            ("/home/me/proj/optimizers.py", "__init__"),
+            ("/home/me/proj/train.py", "zero_grad"),
+        ] {
+            assert!(optimizer_frame(file, function), "{file} {function}");
+        }
+        for (file, function) in [
+            ("/home/me/proj/optimizers.py", "step"),
+            ("/home/me/proj/optimize_model.py", "__init__"),
+            ("/home/me/proj/model.py", "__init__"),
+            ("/x/site-packages/torch/nn/modules/module.py", "zero_grad"),
+            ("/x/site-packages/transformers/optimization.py", "step"),
+        ] {
+            assert!(!optimizer_frame(file, function), "{file} {function}");
+        }
+    }
+
+    fn py<'a>(file: &'a str, name: &'a str) -> (&'a str, &'a str, u32) {
+        (name, file, 1)
+    }
+
+    #[test]
+    fn a_hand_written_optimizer_is_an_optimizer_and_a_closure_the_model() {
+        let wrapper = py("/x/site-packages/torch/optim/optimizer.py", "wrapper");
+        let main = py("/home/me/proj/train.py", "main");
+        // A hand-written AdamW's step: the user's code inside PyTorch's step wrapper.
+        let state = evidence_of(&[
+            main,
+            wrapper,
+            py("/home/me/proj/optimizers.py", "step"),
+            ("aten::zeros_like", "??", 0),
+        ]);
+        assert!(state.optimizer && !state.model, "{state:?}");
+        // Its `step` under `@torch.no_grad()`: PyTorch's decorator between the two.
+        let no_grad = py(
+            "/x/site-packages/torch/utils/_contextlib.py",
+            "decorate_context",
+        );
+        let e = evidence_of(&[
+            main,
+            wrapper,
+            no_grad,
+            py("/home/me/proj/optimizers.py", "step"),
+        ]);
+        assert!(e.optimizer && !e.model, "{e:?}");
+        // `optimizer.step(closure)`: the closure's forward is the model's.
+        let closure = evidence_of(&[
+            main,
+            wrapper,
+            py("/x/site-packages/torch/optim/adamw.py", "step"),
+            py("/home/me/proj/train.py", "closure"),
+            py("/home/me/proj/model.py", "forward"),
+        ]);
+        assert!(!closure.optimizer && closure.model && closure.forward);
+        // A closure's loss outside every module, under PyTorch's optimizer or a hand-written
+        // one (another file), is the model's too; the hand-written step's helpers are not.
+        let adamw = py("/x/site-packages/torch/optim/adamw.py", "step");
+        let mine = py("/home/me/proj/optimizers.py", "step");
+        let loss = py("/home/me/proj/train.py", "step");
+        let f = py("/x/site-packages/torch/nn/functional.py", "cross_entropy");
+        for outer in [adamw, mine] {
+            let e = evidence_of(&[main, wrapper, outer, loss, f]);
+            assert!(!e.optimizer && e.model, "{outer:?}: {e:?}");
+        }
+        let helper = py("/home/me/proj/optimizers.py", "_update");
+        assert!(evidence_of(&[main, wrapper, mine, helper]).optimizer);
+        // With no Python frames to say so, an open range says it; not for a closure.
+        let bare = evidence_of(&[("aten::zeros_like", "??", 0)]);
+        assert!(bare.in_optimizer_range().optimizer);
+        assert!(!closure.in_optimizer_range().optimizer);
+        let backward = Evidence {
+            backward: true,
+            ..bare
+        };
+        assert!(!backward.in_optimizer_range().optimizer);
+        assert!(is_optimizer_range("Optimizer.step#AdamW.step"));
+        assert!(is_optimizer_range("Optimizer.zero_grad#AdamW.zero_grad"));
+        assert!(!is_optimizer_range("forward"));
     }
 }

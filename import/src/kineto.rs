@@ -368,8 +368,8 @@ pub fn convert_with(
 }
 
 /// What an allocation's stack (its open scopes, outermost first) says ([`infer::evidence_of`]):
-/// a module's scope is a forward; an `Optimizer.step` range, with no Python frame to say
-/// otherwise, an optimizer step.
+/// a module's scope is a forward (the model's, also inside an optimizer's step); an
+/// optimizer's range open ([`infer::is_optimizer_range`]) an optimizer's work.
 fn evidence(frames: &[Frame]) -> infer::Evidence {
     let raw: Vec<(&str, &str, u32)> = frames
         .iter()
@@ -377,12 +377,18 @@ fn evidence(frames: &[Frame]) -> infer::Evidence {
         .map(|f| (f.name.as_str(), f.file.as_str(), f.line))
         .collect();
     let mut e = infer::evidence_of(&raw);
-    e.forward |= frames.iter().any(|f| f.kind == FrameKind::Link);
-    e.optimizer |= !e.python
-        && !e.backward
-        && frames.iter().any(|f| {
-            f.file == poolsight_schema::RANGE_FILE && f.name.starts_with("Optimizer.step")
-        });
+    if frames.iter().any(|f| f.kind == FrameKind::Link) {
+        e.forward = true;
+        e.model = true;
+        e.optimizer = false;
+    }
+    if frames.iter().any(|f| {
+        f.kind != FrameKind::Label
+            && f.file == poolsight_schema::RANGE_FILE
+            && infer::is_optimizer_range(&f.name)
+    }) {
+        e = e.in_optimizer_range();
+    }
     e
 }
 

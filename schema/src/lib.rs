@@ -63,6 +63,16 @@ pub const HEADER_CRC_MINOR: u16 = 1;
 /// The `file` of a `Label` frame whose category was inferred (from stacks, phases and
 /// lifetimes, by the importer of a file that has none) rather than recorded: readers say so.
 pub const INFERRED_LABEL: &str = "inferred";
+/// The `file` of an inferred `Label` frame whose category was inferred by matching sizes, not
+/// from its own stack: a block live from the start that a gradient of its size (and stream)
+/// matches one to one is a `parameter`.
+pub const INFERRED_BY_GRADIENT_LABEL: &str = "inferred from gradient sizes";
+
+/// Whether a `Label` frame's `file` says its category was inferred ([`INFERRED_LABEL`],
+/// [`INFERRED_BY_GRADIENT_LABEL`]).
+pub fn is_inferred_label(file: &str) -> bool {
+    file == INFERRED_LABEL || file == INFERRED_BY_GRADIENT_LABEL
+}
 /// The `file` of a function frame that is a `record_function` range of an imported file (a
 /// snapshot's `external_annotations`): with the phases inferred from stacks (function frames
 /// whose file is [`INFERRED_LABEL`]), the phases reports split memory by.

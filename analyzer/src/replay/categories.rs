@@ -108,6 +108,9 @@ pub(super) struct Classes<'t> {
     of_stack: FxHashMap<u32, Class>,
     /// Category names by index; index 0 (`None`) is the allocations without a label.
     pub(super) categories: Vec<Option<Arc<str>>>,
+    /// Per category index: what its labels say they were inferred from, other than stacks
+    /// (`gradient sizes`: [`poolsight_schema::INFERRED_BY_GRADIENT_LABEL`]).
+    pub(super) inferred_from: Vec<Vec<String>>,
     category_index: HashMap<Arc<str>, u32>,
     /// Modules by index: their link frame ids, outermost first.
     pub(super) modules: Vec<Vec<u32>>,
@@ -122,6 +125,7 @@ impl<'t> Classes<'t> {
             inferred: false,
             of_stack: FxHashMap::default(),
             categories: vec![None],
+            inferred_from: vec![Vec::new()],
             category_index: HashMap::new(),
             modules: Vec::new(),
             module_index: HashMap::new(),
@@ -161,10 +165,12 @@ impl<'t> Classes<'t> {
                 .any(|&f| r.pattern.is_match(&frame_of(self.trace, f).key()))
                 .then(|| Arc::clone(&r.name))
         });
+        let mut from: Option<String> = None;
         let named: Option<Arc<str>> = ruled.or_else(|| {
             label.map(|frame| {
                 let f = frame_of(self.trace, frame);
-                self.inferred |= &*f.file == poolsight_schema::INFERRED_LABEL;
+                self.inferred |= poolsight_schema::is_inferred_label(&f.file);
+                from = f.file.strip_prefix("inferred from ").map(str::to_string);
                 f.name
             })
         });
@@ -174,12 +180,19 @@ impl<'t> Classes<'t> {
                 None => {
                     let i = self.categories.len() as u32;
                     self.categories.push(Some(Arc::clone(&name)));
+                    self.inferred_from.push(Vec::new());
                     self.category_index.insert(name, i);
                     i
                 }
             },
             None => 0,
         };
+        if let Some(from) = from {
+            let seen = &mut self.inferred_from[category as usize];
+            if !seen.contains(&from) {
+                seen.push(from);
+            }
+        }
         let module = (!links.is_empty()).then(|| self.module(links));
         let c = Class { category, module };
         self.of_stack.insert(stack, c);
@@ -437,6 +450,7 @@ impl Walk<'_> {
                 max_bytes: nonneg(self.max[c].0),
                 max_ns: trace.ns_since_start(self.max[c].1),
                 at_end_bytes: nonneg(self.live[c]),
+                inferred_from: self.classes.inferred_from[c].clone(),
             })
             .collect();
         // The allocations without a label (index 0) last.

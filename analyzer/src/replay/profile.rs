@@ -504,6 +504,10 @@ pub struct CategoryBytes {
     pub max_ns: u64,
     /// Live when the trace ends.
     pub at_end_bytes: u64,
+    /// What some of its labels were inferred from other than their stacks (`gradient sizes`:
+    /// blocks live from the start matched one to one by gradients).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inferred_from: Vec<String>,
 }
 
 /// One module's calls and bytes.

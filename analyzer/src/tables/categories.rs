@@ -71,6 +71,10 @@ pub struct CategoryRow {
     /// When the category reached `max_bytes`, ns since its trace's start.
     pub max_ns: u64,
     pub at_end_bytes: u64,
+    /// What some of its bytes were inferred from other than stacks: `gradient sizes` (blocks
+    /// live from the start, each matched by a gradient of its size: docs/pytorch-files.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inferred_from: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -274,6 +278,11 @@ pub fn categories(p: &Profile) -> Categories {
                 (r.max_bytes, r.max_ns) = (c.max_bytes, c.max_ns);
             }
             r.at_end_bytes = r.at_end_bytes.max(c.at_end_bytes);
+            for from in &c.inferred_from {
+                if !r.inferred_from.contains(from) {
+                    r.inferred_from.push(from.clone());
+                }
+            }
         }
     }
     // Unlabelled last, whatever rank first had it.
@@ -444,6 +453,13 @@ pub fn render_table(t: &Categories) -> String {
             out.push_str(
                 "(inferred from stacks, phases and lifetimes: the file records no categories)\n",
             );
+        }
+        for c in t.categories.iter().filter(|c| !c.inferred_from.is_empty()) {
+            out.push_str(&format!(
+                "({}: includes blocks live from the start, inferred from {})\n",
+                c.category,
+                c.inferred_from.join(", ")
+            ));
         }
     } else {
         out.push_str(

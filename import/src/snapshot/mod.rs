@@ -33,7 +33,7 @@ mod stacks;
 
 use rustc_hash::FxHashMap;
 
-use categories::{infer_categories, initial_label};
+use categories::{by_gradients, gradient_sizes, infer_categories, initial_label};
 use entries::{block_extra, kind_name, Action, Entry, Made, Tables, KNOWN, NONE};
 use phases::Inferred;
 use ranges::{read_annotations, Phases};
@@ -329,21 +329,39 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 }
             }
         }
-        // Blocks active at the end that the trace did not allocate: live from the start.
-        for &(d, addr, requested, frames, stream) in &live_blocks {
-            if d == device && !live.contains_key(&addr) {
+        // Blocks active at the end that the trace did not allocate: live from the start; those
+        // nothing names, parameters where gradients of their sizes match them one to one.
+        let from_start: Vec<(u64, u64, u32, u64, Label)> = live_blocks
+            .iter()
+            .filter(|b| b.0 == device && !live.contains_key(&b.1))
+            .map(|&(_, addr, requested, frames, stream)| {
                 let label = initial_label(infer, &t, s, frames);
-                let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
-                let stream = streams.id(stream);
-                ev.push_initial(Ev::mem(
-                    EvKind::Malloc,
-                    device,
-                    stream,
-                    addr,
-                    requested,
-                    stack,
-                ));
-            }
+                (addr, requested, frames, stream, label)
+            })
+            .collect();
+        let unnamed = Label::Inferred(infer::BEFORE_RECORDING);
+        let candidates: Vec<(u64, u64, u64)> = from_start
+            .iter()
+            .filter(|b| b.4 == unnamed)
+            .map(|b| (b.0, b.1, b.3))
+            .collect();
+        let mut matched = by_gradients(&candidates, gradient_sizes(entries, &inferred)).into_iter();
+        for &(addr, requested, frames, stream, label) in &from_start {
+            // `matched` answers the candidates, in their order.
+            let label = match label == unnamed && matched.next() == Some(true) {
+                true => Label::ByGradient,
+                false => label,
+            };
+            let stack = stacks.get(&mut ev, &t, s, frames, label, false, &[]);
+            let stream = streams.id(stream);
+            ev.push_initial(Ev::mem(
+                EvKind::Malloc,
+                device,
+                stream,
+                addr,
+                requested,
+                stack,
+            ));
         }
         // Device memory held at the end, less what the trace acquired: held from the start,
         // segment by segment where the segments tell (so that `oom` sees them), the rest as one.

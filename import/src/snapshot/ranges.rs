@@ -124,7 +124,7 @@ pub(super) fn read_annotations(
 pub(super) struct Phases {
     /// (start, end, frame id, the stack of the range itself), by start.
     pub(super) ranges: Vec<(u64, u64, u32, Vec<u32>)>,
-    /// Per range: whether it is an optimizer's step (`Optimizer.step#AdamW.step`).
+    /// Per range: whether it is an optimizer's ([`crate::infer::is_optimizer_range`]).
     pub(super) optimizer: Vec<bool>,
     pub(super) next: usize,
     pub(super) open: Vec<usize>,
@@ -136,7 +136,7 @@ impl Phases {
         let mut out: Vec<(u64, u64, u32, Vec<u32>)> = Vec::new();
         let mut optimizer = Vec::new();
         for r in ranges.iter().filter(|r| only_device || r.device == device) {
-            optimizer.push(r.name.starts_with("Optimizer.step"));
+            optimizer.push(crate::infer::is_optimizer_range(&r.name));
             let frame = ev.frame(Frame {
                 kind: FrameKind::Function,
                 phase: Phase::None,
@@ -195,7 +195,7 @@ impl Phases {
         &self.prefix
     }
 
-    /// Whether an optimizer's step range is open (as of the last [`Phases::at`]).
+    /// Whether an optimizer's range is open (as of the last [`Phases::at`]).
     pub(super) fn in_optimizer_step(&self) -> bool {
         self.open.iter().any(|&i| self.optimizer[i])
     }

@@ -24,6 +24,8 @@ pub(super) enum Label {
     Recorded(StrId),
     /// Inferred ([`infer`]): a label frame whose file says so.
     Inferred(&'static str),
+    /// A parameter inferred from a gradient of its size ([`super::categories::by_gradients`]).
+    ByGradient,
 }
 
 impl Label {
@@ -145,6 +147,10 @@ impl Stacks {
             Label::Inferred(name) => self.ids.push(ev.frame(Frame {
                 file: infer::INFERRED.to_owned(),
                 ..label_frame(name)
+            })),
+            Label::ByGradient => self.ids.push(ev.frame(Frame {
+                file: poolsight_schema::INFERRED_BY_GRADIENT_LABEL.to_owned(),
+                ..label_frame(infer::PARAMETER)
             })),
         }
         let stack = ev.stack(&self.ids);
