@@ -345,7 +345,28 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             .filter(|b| b.4 == unnamed)
             .map(|b| (b.0, b.1, b.3))
             .collect();
-        let mut matched = by_gradients(&candidates, gradient_sizes(entries, &inferred)).into_iter();
+        // Each gradient's parameter may be named already (by its frames, or made in the
+        // trace): those take their gradients first.
+        let mut gradients = gradient_sizes(entries, &inferred);
+        let known = Label::Inferred(infer::PARAMETER);
+        let named = from_start
+            .iter()
+            .filter(|b| b.4 == known)
+            .map(|b| (b.1, b.3))
+            .chain(
+                entries
+                    .iter()
+                    .filter(|e| matches!(e.action, Ok(Action::Alloc)))
+                    .zip(inferred.iter())
+                    .filter(|(_, c)| **c == infer::PARAMETER)
+                    .map(|(e, _)| (e.size, e.stream)),
+            );
+        for key in named {
+            if let Some(n) = gradients.get_mut(&key) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        let mut matched = by_gradients(&candidates, gradients).into_iter();
         for &(addr, requested, frames, stream, label) in &from_start {
             // `matched` answers the candidates, in their order.
             let label = match label == unnamed && matched.next() == Some(true) {
