@@ -5,7 +5,8 @@
 # Debian's Java runtime for Spark when there is no `java`; then builds and installs the
 # poolsight wheel into it, runs the HTML report's browser tests (installing Debian's chromium
 # and playwright-core when missing) and pytest. Chainer gets its own environment
-# (.venv-chainer: it needs numpy < 2).
+# (.venv-chainer: it needs numpy < 2), and an older PyTorch for fake_cuda's tests its own
+# (.venv-torch-2.10).
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh --rust     only `cargo test --workspace`
@@ -105,8 +106,20 @@ if [ -f python/requirements-chainer.txt ]; then
   esac
 fi
 
+# fake_cuda and `poolsight predict` on an older PyTorch too (python/requirements-torch-older.txt).
+OLDER_VENV="${POOLSIGHT_OLDER_TORCH_VENV:-.venv-torch-2.10}"
+if [ ! -x "$OLDER_VENV/bin/python" ]; then
+  echo "== creating $OLDER_VENV (fake_cuda's tests on an older PyTorch)"
+  "$PY" -m venv "$OLDER_VENV"
+fi
+"$OLDER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-torch-older.txt
+"$OLDER_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps target/wheels/poolsight-*.whl
+
 echo "== browser tests of the HTML report (headless Chromium; skipped with a reason when unavailable)"
 scripts/browser-tests.sh
 
 echo "== pytest"
 "$VENV/bin/python" -m pytest -q -rs python/tests
+
+echo "== pytest: fake_cuda and predict on $("$OLDER_VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
+"$OLDER_VENV/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests/test_fake_cuda.py python/tests/test_predict.py

@@ -169,9 +169,10 @@ impl FakeGone {
             let live = key.and_then(|k| inner.live.remove(&k));
             if let Some(l) = &live {
                 inner.alloc.free(l.id);
-                inner.requested.remove(&l.id);
-                inner.note("free_requested", l.addr, l.size, l.stream, None);
-                inner.note("free_completed", l.addr, l.size, l.stream, None);
+                // A snapshot's trace entries say the bytes asked, as PyTorch's do.
+                let asked = inner.requested.remove(&l.id).unwrap_or(l.size);
+                inner.note("free_requested", l.addr, asked, l.stream, None);
+                inner.note("free_completed", l.addr, asked, l.stream, None);
                 inner.note_segments();
             }
             live
@@ -259,7 +260,7 @@ impl FakeGpu {
         match inner.alloc.malloc(nbytes, stream) {
             Ok(h) => {
                 inner.note_segments();
-                inner.note("alloc", h.addr, h.size, stream, frames);
+                inner.note("alloc", h.addr, nbytes, stream, frames);
                 inner.requested.insert(h.id, nbytes);
                 inner.by_weakref.insert(wkey, key);
                 inner.live.insert(

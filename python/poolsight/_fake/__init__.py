@@ -80,14 +80,23 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.2f} MiB" if n < 2**30 else f"{n / 2**30:,.2f} GiB"
 
 
+_MODE_FRAMES = tuple(
+    os.path.join("torch", *p)
+    for p in (("_ops.py",), ("_compile.py",), ("_dynamo", "eval_frame.py"))
+) + (os.path.join("torch", "utils", "_python_dispatch.py"),)
+
+
 class FakeRun:
     """One fake CUDA run: its GPU, the allocator model serving it, what failed first."""
 
-    def __init__(self, gpu: gpus.Gpu, settings: str, oom: str, items: str):
+    def __init__(
+        self, gpu: gpus.Gpu, settings: str, oom: str, items: str, cpu_modules: str = "fake"
+    ):
         self.gpu = gpu
         self.settings = settings
         self.oom = oom
         self.items = items
+        self.cpu_modules = cpu_modules
         self.memory = _native.FakeGpu(settings, gpu.capacity)
         self.memory.set_prediction(
             gpu.key,
@@ -141,6 +150,10 @@ class FakeRun:
             if not name.startswith(_OWN_DIR):
                 out.append({"filename": name, "line": f.f_lineno, "name": f.f_code.co_name})
             f = f.f_back
+        # The dispatch modes' own way in (PyTorch's operator call into a Python mode, under
+        # dynamo's guard): frames a GPU run's snapshot does not have.
+        while out and out[0]["filename"].endswith(_MODE_FRAMES):
+            out.pop(0)
         return out
 
     def out_of_memory(self, args: tuple, storage: Any, frames: Any) -> None:
@@ -225,6 +238,46 @@ def _check_order() -> None:
         )
 
 
+def _no_gpu_context() -> None:
+    """Older fake modes (torch 2.10) make one real CUDA tensor the first time a fake one is
+    made on a device, when ``torch.cuda.is_available()``, which says True while ``fake_cuda``
+    runs (and for the whole session under ``pytest --poolsight-fake-cuda``): asked once per
+    device, with the real answer, before it does (the answer is cached), it makes none."""
+    from torch._subclasses import fake_tensor
+
+    init = getattr(fake_tensor, "init_gpu_context", None)
+    count = getattr(torch._C, "_cuda_getDeviceCount", None)
+    if init is None or (count is not None and count() > 0):
+        return
+    said = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        for name in ("cuda", "cuda:0"):
+            init(torch.device(name))
+    except Exception:  # noqa: BLE001 - a torch whose helper differs: nothing to prepare
+        pass
+    finally:
+        torch.cuda.is_available = said
+
+
+@contextlib.contextmanager
+def _foreach_takes_fake_tensors() -> Iterator[None]:
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    lists = [getattr(m, "_foreach_supported_types", None) for m in (optimizer, _foreach_utils)]
+    lists = [x for x in lists if isinstance(x, list) and FakeTensor not in x]
+    for x in lists:
+        x.append(FakeTensor)
+    try:
+        yield
+    finally:
+        for x in lists:
+            if FakeTensor in x:
+                x.remove(FakeTensor)
+
+
 @contextlib.contextmanager
 def fake_cuda(
     gpu: str | None = None,
@@ -234,6 +287,7 @@ def fake_cuda(
     oom: str = "raise",
     items: str = "error",
     context_bytes: int | str | None = None,
+    cpu_modules: str = "fake",
 ) -> Iterator[FakeRun]:
     """Runs the code inside on fake CUDA tensors: no GPU is needed, no memory is taken, nothing
     is computed, and the CUDA caching allocator's behaviour is predicted for ``gpu`` (a name of
@@ -247,6 +301,11 @@ def fake_cuda(
       ``"error"`` (a :class:`FakeCudaError` naming the line) or ``"zero"``.
     - ``context_bytes``: the CUDA context's bytes outside the allocator (default: the table's
       estimate for the GPU).
+    - ``cpu_modules``: ``"fake"`` (a module built on the CPU inside the run has fake
+      parameters and buffers: its initialisers compute nothing and take no host memory, and
+      ``.to("cuda")`` makes them fake CUDA tensors as on a GPU) or ``"real"`` (built and
+      initialised for real, as without ``fake_cuda``: for a model that stays on the CPU and
+      must compute there).
 
     Yields the :class:`FakeRun` (``peak_allocated_bytes``, ``peak_reserved_bytes``, ``fits``).
     Inside a ``poolsight.record``, the run is recorded as ``track()`` records (the trace's
@@ -257,12 +316,14 @@ def fake_cuda(
         raise ValueError(f"oom must be 'raise' or 'continue', not {oom!r}")
     if items not in ("error", "zero"):
         raise ValueError(f"items must be 'error' or 'zero', not {items!r}")
+    if cpu_modules not in ("fake", "real"):
+        raise ValueError(f"cpu_modules must be 'fake' or 'real', not {cpu_modules!r}")
     spec = _gpu_for(gpu, capacity, context_bytes)
     conf = _settings(settings)
     if _current is not None:
         raise FakeCudaError("fake_cuda() is already active (one fake run at a time)")
     _check_order()
-    run = FakeRun(spec, conf, oom, items)
+    run = FakeRun(spec, conf, oom, items, cpu_modules)
     patch = None
     if engine.needed():
         try:
@@ -292,9 +353,13 @@ def fake_cuda(
         swap = torch.__future__.get_swap_module_params_on_conversion()
         torch.__future__.set_swap_module_params_on_conversion(True)
         stack.callback(torch.__future__.set_swap_module_params_on_conversion, swap)
+        _no_gpu_context()
         patches = cuda_api.Patches(run.api)
         patches.apply()
         stack.callback(patches.undo)
+        # Optimizers take their foreach (multi-tensor) path for CUDA parameters, as on a GPU:
+        # they check the parameters' type, and a fake parameter is a FakeTensor.
+        stack.enter_context(_foreach_takes_fake_tensors())
         stack.enter_context(attention.choosing(run))
         stack.enter_context(run.router)
         run.memory.activate(True)

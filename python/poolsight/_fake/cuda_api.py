@@ -324,6 +324,10 @@ def _is_pinned(self: torch.Tensor, device: Any = None) -> bool:
     return False
 
 
+def _never() -> bool:
+    return False
+
+
 class Patches:
     """Puts the fake ``torch.cuda`` in place, and takes it back."""
 
@@ -347,6 +351,8 @@ class Patches:
                 "init": a.init,
                 "_lazy_init": a.init,
                 "synchronize": a.synchronize,
+                # No stream is ever captured into a CUDA graph (optimizers ask before a step).
+                "is_current_stream_capturing": _never,
                 "_exchange_device": a.exchange_device,
                 "_maybe_exchange_device": a.exchange_device,
                 "memory_allocated": a.memory_allocated,

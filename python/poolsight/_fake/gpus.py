@@ -49,25 +49,35 @@ def _gpu(key, model, total_mib, cc, sms, context_mib) -> Gpu:
     return Gpu(key, model, total_mib * MiB, cc[0], cc[1], sms, context_mib * MiB)
 
 
-#: The table, by ``key``. ``total_memory`` is nvidia-smi's total (MiB) of each board.
+#: The table, by ``key``. ``total_memory`` (MiB) is what CUDA reports of each board
+#: (``cudaDeviceProp.totalGlobalMem``, the "total capacity" of PyTorch's out-of-memory
+#: message), a little below nvidia-smi's total; it moves by a few MiB between drivers.
 GPUS: dict[str, Gpu] = {
     g.key: g
     for g in (
-        _gpu("B200", "NVIDIA B200", 183359, (10, 0), 148, 640),
-        _gpu("H200", "NVIDIA H200", 143771, (9, 0), 132, 560),
-        _gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 81559, (9, 0), 132, 530),
-        _gpu("H100-PCIE", "NVIDIA H100 PCIe", 81559, (9, 0), 114, 530),
-        _gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 81920, (8, 0), 108, 420),
-        _gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 40960, (8, 0), 108, 420),
-        _gpu("L40S", "NVIDIA L40S", 46068, (8, 9), 142, 450),
-        _gpu("A6000", "NVIDIA RTX A6000", 49140, (8, 6), 84, 400),
-        _gpu("L4", "NVIDIA L4", 23034, (8, 9), 58, 380),
-        _gpu("A10G", "NVIDIA A10G", 23028, (8, 6), 80, 380),
-        _gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 24564, (8, 9), 128, 400),
-        _gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 24576, (8, 6), 82, 380),
-        _gpu("V100-32GB", "Tesla V100-SXM2-32GB", 32768, (7, 0), 80, 330),
-        _gpu("V100-16GB", "Tesla V100-SXM2-16GB", 16384, (7, 0), 80, 330),
-        _gpu("T4", "Tesla T4", 15360, (7, 5), 40, 300),
+        _gpu("B200", "NVIDIA B200", 182630, (10, 0), 148, 640),
+        _gpu("H200", "NVIDIA H200", 143165, (9, 0), 132, 560),
+        _gpu("H100-80GB", "NVIDIA H100 80GB HBM3", 81008, (9, 0), 132, 530),
+        _gpu("H100-PCIE", "NVIDIA H100 PCIe", 81008, (9, 0), 114, 530),
+        _gpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 81152, (8, 0), 108, 420),
+        _gpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 40441, (8, 0), 108, 420),
+        _gpu(
+            "RTX-PRO-6000",
+            "NVIDIA RTX PRO 6000 Blackwell Workstation Edition",
+            97249,
+            (12, 0),
+            188,
+            500,
+        ),
+        _gpu("L40S", "NVIDIA L40S", 45596, (8, 9), 142, 450),
+        _gpu("A6000", "NVIDIA RTX A6000", 48681, (8, 6), 84, 400),
+        _gpu("L4", "NVIDIA L4", 22692, (8, 9), 58, 380),
+        _gpu("A10G", "NVIDIA A10G", 22723, (8, 6), 80, 380),
+        _gpu("RTX-4090", "NVIDIA GeForce RTX 4090", 24207, (8, 9), 128, 400),
+        _gpu("RTX-3090", "NVIDIA GeForce RTX 3090", 24259, (8, 6), 82, 380),
+        _gpu("V100-32GB", "Tesla V100-SXM2-32GB", 32511, (7, 0), 80, 330),
+        _gpu("V100-16GB", "Tesla V100-SXM2-16GB", 16149, (7, 0), 80, 330),
+        _gpu("T4", "Tesla T4", 15110, (7, 5), 40, 300),
     )
 }
 
@@ -81,11 +91,11 @@ def _norm(name: str) -> str:
 
 def table() -> str:
     """The table as text, one GPU a line (what an unknown ``--gpu`` lists)."""
-    lines = [f"{'GPU':<10} {'model':<26} {'memory':>11} {'usable':>11}  capability"]
+    lines = [f"{'GPU':<12} {'memory':>10} {'usable':>10}  {'arch':<6}  model"]
     for g in GPUS.values():
         lines.append(
-            f"{g.key:<10} {g.model:<26} {g.total_memory / 2**30:>7.2f} GiB "
-            f"{g.capacity / 2**30:>7.2f} GiB  sm_{g.major}{g.minor}"
+            f"{g.key:<12} {g.total_memory / 2**30:>6.2f} GiB {g.capacity / 2**30:>6.2f} GiB  "
+            f"{'sm_' + str(g.major) + str(g.minor):<6}  {g.model}"
         )
     return "\n".join(lines)
 

@@ -207,6 +207,17 @@ def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _in_module_init() -> bool:
+    """Whether a ``torch.nn.Module``'s ``__init__`` is running (a model being built)."""
+    f = sys._getframe(2)
+    module = torch.nn.Module
+    while f is not None:
+        if f.f_code.co_name == "__init__" and isinstance(f.f_locals.get("self"), module):
+            return True
+        f = f.f_back
+    return False
+
+
 def _device_is_cuda(d: Any) -> bool:
     if d is None:
         return False
@@ -226,6 +237,12 @@ class Router(TorchDispatchMode):
         self.fake = _FakeMode(allow_non_fake_inputs=True)
         # The position of each operator's `device` argument (-1: none).
         self._device_at: dict[Any, int] = {}
+        # Whether a module built on the CPU gets fake parameters (fake_cuda(cpu_modules=)).
+        self._fake_cpu_modules = getattr(run, "cpu_modules", "fake") == "fake"
+        self._factory: dict[Any, bool] = {}
+        # The autograd node running now, and the storages made while it runs.
+        self._node: Any = None
+        self._made_in_node: set = set()
         # (thread, stream) -> the cuBLAS workspace tensor, and cuBLASLt's.
         self.workspaces: dict[tuple, torch.Tensor] = {}
         self._register = run.memory.register
@@ -251,6 +268,11 @@ class Router(TorchDispatchMode):
         at = self._device_position(func)
         if 0 <= at < len(args) and _device_is_cuda(args[at]):
             return True
+        if self._fake_cpu_modules and self._cpu_factory(func, args, at) and _in_module_init():
+            # A tensor made on the CPU while a module is built (`nn.Linear(...)` before
+            # `.to("cuda")`): fake, so that a 2.7B-parameter model built on the CPU takes
+            # neither its 10 GiB of host memory nor minutes of initialisers.
+            return True
         for a in args:
             if isinstance(a, FakeTensor):
                 return True
@@ -259,6 +281,20 @@ class Router(TorchDispatchMode):
                     if isinstance(b, FakeTensor):
                         return True
         return any(isinstance(v, FakeTensor) for v in tree_leaves(kwargs))
+
+    def _cpu_factory(self, func: Any, args: tuple, at: int) -> bool:
+        """Whether an operator makes a new tensor from nothing (it takes a device, and no
+        tensor argument): ``empty``, ``zeros``, ``randn``, ``arange``..."""
+        known = self._factory.get(func)
+        if known is None:
+            schema = getattr(func, "_schema", None)
+            known = (
+                schema is not None
+                and any(a.name == "device" for a in schema.arguments)
+                and not any(str(a.type).startswith("Tensor") for a in schema.arguments)
+            )
+            self._factory[func] = known
+        return known
 
     # -- the operator --------------------------------------------------------------------------
 
@@ -274,6 +310,17 @@ class Router(TorchDispatchMode):
             out = self._moved(args[0], kwargs)
             self._serve(out)
             return out
+        backward = torch._C._current_graph_task_id() != -1
+        if backward:
+            node = torch._C._current_autograd_node()
+            if node is not self._node:
+                self._node, self._made_in_node = node, set()
+            if func is aten.add.Tensor:
+                summed = self._accumulated_in_place(args, kwargs)
+                if summed is not None:
+                    return summed
+            elif func is aten.new_empty_strided.default and self._stolen(node, args, kwargs):
+                return args[0]
         name = func._schema.name.split("::", 1)[-1]
         if name in _CUBLAS:
             self._workspace(name, args, kwargs)
@@ -297,7 +344,59 @@ class Router(TorchDispatchMode):
                 f"does not have; it was called at {user_line()}"
             ) from None
         self._serve(out)
+        if backward:
+            for t in tree_leaves(out):
+                if isinstance(t, FakeTensor):
+                    self._made_in_node.add(t.untyped_storage()._cdata)
         return out
+
+    def _accumulated_in_place(self, args: tuple, kwargs: dict) -> Any:
+        """The autograd engine adding a second gradient into a node's input buffer, in
+        place as on a GPU, or None when the engine would add out of place.
+
+        The engine sums in place (``old.add_(new)``, no new block) when it holds the only
+        reference to the buffered gradient; it never does so for a tensor subclass, and fake
+        tensors are one, so without this every such sum (the softmax's two gradient paths, a
+        tensor used twice) would take a block the GPU run does not. The buffered gradient is
+        one made by an earlier node (not by the node running now), dense, of the sum's shape
+        and dtype, and referenced only by the engine: no more uses than the new gradient
+        has (which the engine holds once, as it holds the buffered one), and its storage
+        used by no other tensor."""
+        if len(args) != 2 or kwargs.get("alpha", 1) != 1 or torch.is_grad_enabled():
+            return None
+        old, new = args
+        if not (isinstance(old, FakeTensor) and isinstance(new, torch.Tensor)) or old is new:
+            return None
+        if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+            return None
+        st = old.untyped_storage()
+        if st._cdata in self._made_in_node or not is_non_overlapping_and_dense(old):
+            return None
+        # The new gradient is held as the buffered one is (by the engine, and by every
+        # dispatch mode on the way here); the buffered one's storage by it and `st` alone.
+        if old._use_count() > new._use_count() or torch._C._storage_Use_Count(st._cdata) != 2:
+            return None
+        self.fake.__torch_dispatch__(aten.add_.Tensor, (), (old, new), {})
+        return old
+
+    def _stolen(self, node: Any, args: tuple, kwargs: dict) -> bool:
+        """Whether ``AccumulateGrad`` would take a parameter's first gradient as it is (a
+        GPU run does, when nothing else holds it) rather than copy it: for a tensor subclass
+        it always copies (``new_empty_strided`` + ``copy_``), so without this every
+        parameter would take a block of its size in its first backward that the GPU run
+        does not. Taken as it is when the copy would be of its own sizes, strides and dtype
+        and its storage is used by no other tensor."""
+        if type(node).__name__ != "AccumulateGrad" or len(args) < 3:
+            return False
+        grad = args[0]
+        if not isinstance(grad, FakeTensor) or torch.is_grad_enabled():
+            return False
+        dtype = kwargs.get("dtype") or grad.dtype
+        if list(args[1]) != list(grad.shape) or list(args[2]) != list(grad.stride()):
+            return False
+        if dtype != grad.dtype or not is_non_overlapping_and_dense(grad):
+            return False
+        return torch._C._storage_Use_Count(grad.untyped_storage()._cdata) == 2
 
     def _moved(self, t: torch.Tensor, kwargs: dict) -> FakeTensor:
         """``t`` (a real tensor) copied to the fake device: an empty fake tensor of its size,
