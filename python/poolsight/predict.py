@@ -347,6 +347,13 @@ class Search:
     largest: int | None
     tried: list[Trial]
     capacity_bytes: int
+    #: The highest size the search could try (None: no bound was given).
+    high: int | None = None
+
+    @property
+    def at_bound(self) -> bool:
+        """Whether the highest size allowed fits: a larger one may fit too."""
+        return self.largest is not None and self.largest == self.high
 
     @property
     def monotonic(self) -> bool:
@@ -368,6 +375,11 @@ class Search:
             out.append(f"no size fits in {_mib(self.capacity_bytes)}")
         else:
             out.append(f"largest that fits in {_mib(self.capacity_bytes)}: {self.largest}")
+            if self.at_bound:
+                out.append(
+                    f"note: {self.largest} is the highest size allowed and it fits: a larger "
+                    "one may fit too (raise HIGH)"
+                )
         if not self.monotonic:
             bad = [
                 (a.n, b.n)
@@ -462,7 +474,7 @@ def largest_batch(
             print(f"poolsight largest_batch: {t.row()}", file=sys.stderr, flush=True)
 
     largest, tried = _bisect(low, high, trial, say)
-    return Search(largest, tried, cap[0] if cap else 0)
+    return Search(largest, tried, cap[0] if cap else 0, high)
 
 
 def _search(opts: argparse.Namespace) -> int:
@@ -515,13 +527,14 @@ def _search(opts: argparse.Namespace) -> int:
         _say(opts.quiet, f"{name}={t.n}: {t.row().strip()}")
 
     largest, tried = _bisect(low, high_n, trial, say)
-    result = Search(largest, tried, capacity[0])
+    result = Search(largest, tried, capacity[0], high_n)
     if opts.format == "json":
         doc = {
             "name": name,
             "largest": largest,
             "capacity_bytes": result.capacity_bytes,
             "monotonic": result.monotonic,
+            "at_bound": result.at_bound,
             "tried": [dataclasses.asdict(t) for t in sorted(tried, key=lambda t: t.n)],
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

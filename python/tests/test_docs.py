@@ -189,7 +189,12 @@ def _traces(tmp: Path) -> None:
             shutil.copy(traces / "chainer_nested.pstrace", tmp / f"{side}-{i}.pstrace")
 
 
-SHELL_SETUPS = {"traces": _traces}
+def _train_script(tmp: Path) -> None:
+    """``train.py``: a small model trained for ``--steps`` steps at ``--batch-size``."""
+    shutil.copy(FIXTURES / "scripts" / "train_mlp.py", tmp / "train.py")
+
+
+SHELL_SETUPS = {"traces": _traces, "train_script": _train_script}
 
 # What `import poolsight.X` needs installed.
 INTEGRATIONS = {"torch", "cupy", "chainer", "lightning", "fastai", "transformers"}

@@ -7,31 +7,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import poolsight_command, run_cli
 
-SCRIPT = """\
-import argparse
-import torch
-
-p = argparse.ArgumentParser()
-p.add_argument("--batch", type=int, default=64)
-p.add_argument("--steps", type=int, default=3)
-args = p.parse_args()
-device = "cuda" if torch.cuda.is_available() else "cpu"
-model = torch.nn.Sequential(
-    torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
-).to(device)
-opt = torch.optim.AdamW(model.parameters())
-for step in range(args.steps):
-    x = torch.randn(args.batch, 1024, device=device)
-    loss = model(x).pow(2).mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-print("peak", torch.cuda.max_memory_allocated(), "reserved", torch.cuda.max_memory_reserved())
-"""
+# The script docs/predict.md shows (line 21: the optimizer step).
+SCRIPT = (Path(__file__).resolve().parents[2] / "fixtures" / "scripts" / "train_mlp.py").read_text()
 
 
 @pytest.fixture
@@ -53,7 +35,7 @@ def predict(*args, cwd=None) -> subprocess.CompletedProcess:
 
 def test_predict_prints_the_peaks_whether_it_fits_and_what_was_live(script, tmp_path):
     trace = tmp_path / "p.pstrace"
-    out = predict("--gpu", "T4", "-o", trace, "--", "python", script, "--batch", "256")
+    out = predict("--gpu", "T4", "-o", trace, "--", "python", script, "--batch-size", "256")
     assert out.returncode == 0, out.stderr
     printed = out.stdout.splitlines()
     # The script's own line, as torch.cuda answered it, then the prediction.
@@ -66,7 +48,7 @@ def test_predict_prints_the_peaks_whether_it_fits_and_what_was_live(script, tmp_
     # The peak is in the first step, while AdamW makes its state: until the step returns,
     # that state is the step's temporary memory.
     assert "by category:" in text and "workspace" in text and "temporary" in text
-    assert f"{script.name}:17:<module> > AdamW.step" in text
+    assert f"{script.name}:21:<module> > AdamW.step" in text
     assert "3 optimizer steps" in text
     assert "running" in out.stderr and "step 1" in out.stderr
     assert trace.exists()
@@ -75,12 +57,14 @@ def test_predict_prints_the_peaks_whether_it_fits_and_what_was_live(script, tmp_
 
 
 def test_predict_exits_1_when_it_does_not_fit_and_says_what_failed(script):
-    out = predict("--capacity", "100MiB", "-q", "--format", "json", "--", script, "--batch", "4096")
+    out = predict(
+        "--capacity", "100MiB", "-q", "--format", "json", "--", script, "--batch-size", "4096"
+    )
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert doc["fits"] is False and doc["capacity_bytes"] == 100 << 20
     assert doc["first_failure"]["requested_bytes"] > 0
-    assert doc["first_failure"]["line"].startswith("train.py:")
+    assert doc["first_failure"]["line"].split(":")[0].endswith("train.py")
     assert doc["min_capacity_bytes"] > 100 << 20
     assert doc["active_peak_bytes"] > 0 and doc["optimizer_steps"] == 3
     assert {c["name"] for c in doc["live_at_peak_by_category"]} >= {"parameter", "activation"}
@@ -118,7 +102,7 @@ def test_search_finds_the_largest_batch_and_its_next_does_not_fit(script):
         "-q",
         "--",
         script,
-        "--batch",
+        "--batch-size",
         "{n}",
         "--steps",
         "1",
@@ -128,8 +112,10 @@ def test_search_finds_the_largest_batch_and_its_next_does_not_fit(script):
     assert last.startswith("largest that fits in 400.00 MiB: "), out.stdout
     n = int(last.rsplit(" ", 1)[1])
     assert out.stdout.splitlines()[0].split() == ["n", "active", "peak", "reserved", "peak", "fits"]
-    fits = predict("--capacity", "400MiB", "-q", "--", script, "--batch", n, "--steps", "1")
-    over = predict("--capacity", "400MiB", "-q", "--", script, "--batch", n + 1, "--steps", "1")
+    fits = predict("--capacity", "400MiB", "-q", "--", script, "--batch-size", n, "--steps", "1")
+    over = predict(
+        "--capacity", "400MiB", "-q", "--", script, "--batch-size", n + 1, "--steps", "1"
+    )
     assert (fits.returncode, over.returncode) == (0, 1), (fits.stderr, over.stderr)
 
 
