@@ -157,3 +157,11 @@ def test_torch_overhead_on_cuda_compares_wall_time_beside_the_memory_history():
     assert re.search(r"x plain \(wall\)", out), out
     for variant in ("plain", "track+hook (native)", "memory history"):
         assert re.search(rf"^{re.escape(variant)}{RATIO * 8}\s+[+-]\d+\.\d+$", out, re.M), out
+
+
+def test_predict_step_prints_poolsight_beside_memtracker():
+    out = run("predict_step.py", "--size", "tiny", "--context", "32")
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:]}
+    assert set(rows) == {"poolsight", "memtracker"}, out
+    # Wall seconds, peak RSS and the active peak of each; only fake_cuda has a reserved peak.
+    assert rows["poolsight"][-1] == "GiB" and rows["memtracker"][-1] == "-", out
