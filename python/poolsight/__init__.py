@@ -496,4 +496,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("POOLSIGHT_PYTHON", sys.executable)
     sys.stdout.flush()
     sys.stderr.flush()
-    return _native.cli(args)
+    try:
+        return _native.cli(args)
+    except KeyboardInterrupt:
+        # Ctrl-C reached the command (and `predict`'s child, which says so itself).
+        return 130
