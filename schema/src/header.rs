@@ -147,6 +147,8 @@ pub struct AllocatorState {
     /// `allocator_settings` as (key, value) text, values as Python prints them (`True`, `-1`,
     /// `0.6`, `{'1': 4, '2': 0}`); `None` for a snapshot without them.
     pub settings: Option<Vec<(String, String)>>,
+    /// Not in `info`'s JSON (a snapshot holds thousands): its text says how many.
+    #[cfg_attr(feature = "serde", serde(skip_serializing))]
     pub segments: Vec<HeldSegment>,
 }
 
