@@ -185,6 +185,9 @@ pub fn convert_file(
         entries: events.entries,
         overflowed: events.overflowed,
         unmapped: events.unmapped.clone(),
+        // The allocator's state travels in the trace: whatif and oom replay a converted trace
+        // as they replay its snapshot.
+        allocator: events.allocator.clone(),
     };
     let (entries, overflowed, unmapped) =
         (events.entries, events.overflowed, events.unmapped.clone());

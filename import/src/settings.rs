@@ -31,29 +31,8 @@ impl Build for Skip {
     }
 }
 
-/// A segment the allocator held when the snapshot was taken.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldSegment {
-    pub device: u32,
-    pub address: u64,
-    pub total_size: u64,
-    /// The stream as PyTorch recorded it (a `cudaStream_t`; 0 the default stream).
-    pub stream: u64,
-    /// `segment_type` "small" (or `is_large` false).
-    pub small: bool,
-    pub expandable: bool,
-    /// Its blocks handed out (`active_allocated`, or `active_pending_free`): address, size.
-    pub allocated: Vec<(u64, u64)>,
-}
-
-/// What [`allocator_state`] reads.
-#[derive(Debug, Clone, Default)]
-pub struct AllocatorState {
-    /// `allocator_settings` as (key, value) text, values as Python prints them (`True`, `-1`,
-    /// `0.6`, `{'1': 4, '2': 0}`); `None` for a snapshot without them.
-    pub settings: Option<Vec<(String, String)>>,
-    pub segments: Vec<HeldSegment>,
-}
+/// What [`allocator_state`] reads, as a converted trace's header keeps it (format 1.7).
+pub use poolsight_schema::header::{AllocatorState, HeldSegment};
 
 /// The allocator settings and held segments of a snapshot pickle, in a pass of its own that
 /// keeps nothing of the trace entries and frames. A conversion ([`crate::convert_file`]) hands

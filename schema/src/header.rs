@@ -134,6 +134,38 @@ pub struct Import {
     pub overflowed: bool,
     /// What could not be mapped, one line each.
     pub unmapped: Vec<String>,
+    /// Format 1.7: what a snapshot recorded of its allocator (`None`: nothing, as in a
+    /// profiler trace or a trace converted before 1.7).
+    pub allocator: Option<AllocatorState>,
+}
+
+/// What a snapshot recorded of the allocator that made it: its `allocator_settings` and the
+/// segments it held when it was taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AllocatorState {
+    /// `allocator_settings` as (key, value) text, values as Python prints them (`True`, `-1`,
+    /// `0.6`, `{'1': 4, '2': 0}`); `None` for a snapshot without them.
+    pub settings: Option<Vec<(String, String)>>,
+    /// Not in `info`'s JSON (a snapshot holds thousands): its text says how many.
+    #[cfg_attr(feature = "serde", serde(skip_serializing))]
+    pub segments: Vec<HeldSegment>,
+}
+
+/// A segment the allocator held when the snapshot was taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct HeldSegment {
+    pub device: u32,
+    pub address: u64,
+    pub total_size: u64,
+    /// The stream as PyTorch recorded it (a `cudaStream_t`; 0 the default stream).
+    pub stream: u64,
+    /// `segment_type` "small" (or `is_large` false).
+    pub small: bool,
+    pub expandable: bool,
+    /// Its blocks handed out (`active_allocated`, or `active_pending_free`): address, size.
+    pub allocated: Vec<(u64, u64)>,
 }
 
 impl Import {
@@ -142,6 +174,47 @@ impl Import {
         let path = fbb.create_string(&self.path);
         let unmapped: Vec<_> = self.unmapped.iter().map(|u| fbb.create_string(u)).collect();
         let unmapped = fbb.create_vector(&unmapped);
+        let state = self.allocator.as_ref();
+        let settings = state.and_then(|a| a.settings.as_ref()).map(|pairs| {
+            let made: Vec<_> = pairs
+                .iter()
+                .map(|(k, v)| {
+                    let key = fbb.create_string(k);
+                    let value = fbb.create_string(v);
+                    fb::AllocatorSetting::create(
+                        fbb,
+                        &fb::AllocatorSettingArgs {
+                            key: Some(key),
+                            value: Some(value),
+                        },
+                    )
+                })
+                .collect();
+            fbb.create_vector(&made)
+        });
+        let segments = state.map(|a| {
+            let made: Vec<_> = a
+                .segments
+                .iter()
+                .map(|seg| {
+                    let flat: Vec<u64> = seg.allocated.iter().flat_map(|&(a, b)| [a, b]).collect();
+                    let allocated = fbb.create_vector(&flat);
+                    fb::HeldSegment::create(
+                        fbb,
+                        &fb::HeldSegmentArgs {
+                            device: seg.device,
+                            address: seg.address,
+                            total_size: seg.total_size,
+                            stream: seg.stream,
+                            small: seg.small,
+                            expandable: seg.expandable,
+                            allocated: Some(allocated),
+                        },
+                    )
+                })
+                .collect();
+            fbb.create_vector(&made)
+        });
         fb::Import::create(
             fbb,
             &fb::ImportArgs {
@@ -151,6 +224,9 @@ impl Import {
                 entries: self.entries,
                 overflowed: self.overflowed,
                 unmapped: Some(unmapped),
+                has_allocator_settings: settings.is_some(),
+                allocator_settings: settings,
+                held_segments: segments,
             },
         )
     }
@@ -163,8 +239,45 @@ impl Import {
             entries: i.entries(),
             overflowed: i.overflowed(),
             unmapped: strings(i.unmapped()),
+            allocator: read_allocator(i),
         }
     }
+}
+
+/// The allocator state an `Import` keeps (format 1.7), or `None` when it keeps none.
+fn read_allocator(i: &fb::Import<'_>) -> Option<AllocatorState> {
+    let segments = i.held_segments();
+    if !i.has_allocator_settings() && segments.is_none() {
+        return None;
+    }
+    let settings = i.has_allocator_settings().then(|| {
+        (i.allocator_settings().into_iter().flatten())
+            .map(|kv| {
+                (
+                    kv.key().unwrap_or("").to_owned(),
+                    kv.value().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    });
+    let segments = (segments.into_iter().flatten())
+        .map(|seg| {
+            let flat: Vec<u64> = seg
+                .allocated()
+                .map(|v| v.iter().collect())
+                .unwrap_or_default();
+            HeldSegment {
+                device: seg.device(),
+                address: seg.address(),
+                total_size: seg.total_size(),
+                stream: seg.stream(),
+                small: seg.small(),
+                expandable: seg.expandable(),
+                allocated: flat.chunks_exact(2).map(|p| (p[0], p[1])).collect(),
+            }
+        })
+        .collect();
+    Some(AllocatorState { settings, segments })
 }
 
 /// A trace's header.
@@ -324,6 +437,21 @@ mod tests {
                 entries: 12,
                 overflowed: true,
                 unmapped: vec!["1 entry of action \"x\"".into()],
+                allocator: Some(AllocatorState {
+                    settings: Some(vec![
+                        ("expandable_segments".into(), "False".into()),
+                        ("max_split_size".into(), "134217728".into()),
+                    ]),
+                    segments: vec![HeldSegment {
+                        device: 0,
+                        address: 0x7f00_0000_0000,
+                        total_size: 2 << 20,
+                        stream: 0,
+                        small: true,
+                        expandable: false,
+                        allocated: vec![(0x7f00_0000_0000, 512), (0x7f00_0000_0200, 1024)],
+                    }],
+                }),
             }),
         }
     }

@@ -8,8 +8,7 @@ use std::sync::atomic::Ordering;
 use anyhow::Context;
 use clap::Args;
 use poolsight::analyzer::load::{self, ConvertError, Resolver};
-use poolsight::analyzer::whatif::{HeldSegment, Recorded, Settings};
-use poolsight_alloc_models::pytorch::check::Held;
+use poolsight::analyzer::whatif::Recorded;
 use poolsight_import::settings::AllocatorState;
 use poolsight_import::{convert_file, detect_file, rank_from_name, Converted, FrameFilter, Kind};
 
@@ -177,26 +176,9 @@ impl Resolver for PyTorchFiles {
 /// What a PyTorch file recorded of its allocator, as the model reads it: a snapshot's
 /// `allocator_settings` (PyTorch's defaults where it has none) and the `segments` it held.
 fn recorded(named: &Path, state: Option<AllocatorState>) -> anyhow::Result<Recorded> {
-    let mut recorded = Recorded::default();
-    let Some(state) = state else {
-        return Ok(recorded);
-    };
-    if let Some(pairs) = state.settings {
-        recorded.settings = Settings::from_recorded(&pairs).with_context(|| {
-            format!("the allocator_settings of {} do not parse", named.display())
-        })?;
+    match state {
+        None => Ok(Recorded::default()),
+        Some(state) => Recorded::from_state(&state)
+            .with_context(|| format!("the allocator_settings of {} do not parse", named.display())),
     }
-    recorded.held = (state.segments.into_iter())
-        .map(|s| HeldSegment {
-            device: s.device,
-            expandable: s.expandable,
-            segment: Held {
-                addr: s.address,
-                size: s.total_size,
-                small: s.small,
-                allocated: s.allocated,
-            },
-        })
-        .collect();
-    Ok(recorded)
 }

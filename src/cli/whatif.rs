@@ -139,7 +139,8 @@ pub fn open(named: &Path, r: &Reading) -> anyhow::Result<(Trace, Recorded)> {
             warning: w.clone(),
         });
     }
-    Ok((trace, input.recorded.clone()))
+    let recorded = input.recorded_in(&trace);
+    Ok((trace, recorded))
 }
 
 /// What `whatif` found for some files: the replays' reports, or with `check` the checks.

@@ -355,3 +355,50 @@ fn empty_cut_and_corrupt_traces_never_panic() {
         }
     }
 }
+
+#[test]
+fn a_converted_trace_replays_as_its_snapshot_under_the_recorded_settings() {
+    // `poolsight import` keeps the allocator's settings and held segments in the trace (format
+    // 1.7): whatif, --check and oom answer on it exactly as on the pickle.
+    let mut kept = Vec::new();
+    for name in [
+        "whatif_settings.pickle",
+        "whatif_oom.pickle",
+        "whatif_midway.pickle",
+    ] {
+        let pickle = fixture(name);
+        kept.push(scratch::file(&format!("{name}.pstrace")));
+        let trace = kept.last().unwrap().to_str().unwrap();
+        ok(&cli(&["import", &pickle, "-o", trace, "--force"]));
+        for args in [
+            vec!["whatif", "--format", "json"],
+            vec!["whatif", "--check", "--format", "json"],
+            vec!["whatif", "--min-capacity", "--format", "json"],
+        ] {
+            let from_pickle = cli(&[&args[..], &[pickle.as_str()]].concat()).json();
+            let from_trace = cli(&[&args[..], &[trace]].concat()).json();
+            let strip = |mut v: serde_json::Value| {
+                // The file's name is each side's own.
+                for r in v.as_array_mut().into_iter().flatten() {
+                    r.as_object_mut().map(|o| o.remove("trace"));
+                }
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("trace");
+                    for r in o.values_mut().filter_map(|x| x.as_array_mut()).flatten() {
+                        r.as_object_mut().map(|o| o.remove("trace"));
+                    }
+                }
+                v
+            };
+            assert_eq!(strip(from_pickle), strip(from_trace), "{name}: {args:?}");
+        }
+    }
+    let o = cli(&["whatif", kept[0].to_str().unwrap()]);
+    ok(&o);
+    assert!(
+        (o.stdout.lines().nth(2).unwrap())
+            .starts_with("recorded (max_split_size_mb:64,max_non_split_rounding_mb:32"),
+        "{}",
+        o.stdout
+    );
+}

@@ -61,6 +61,17 @@ pub struct Input {
 }
 
 impl Input {
+    /// What is known of the allocator that recorded `trace` (this input, opened): what the
+    /// conversion read of the file it was handed, else what the trace keeps
+    /// ([`Recorded::of_trace`]: a trace `poolsight import` wrote).
+    pub fn recorded_in(&self, trace: &Trace) -> Recorded {
+        if self._converted.is_some() {
+            self.recorded.clone()
+        } else {
+            Recorded::of_trace(trace)
+        }
+    }
+
     /// Opens the trace, called by its [`Input::named`] path, its stacks shown as the
     /// options' `frames` say (with `deferred`, the event chunks' checksums are left to the
     /// replay: see [`Trace::open_deferred`]).
@@ -142,8 +153,7 @@ impl Inputs {
     pub fn recorded_of(&self, trace: &Trace) -> Recorded {
         (self.items.iter())
             .find(|i| i.named == trace.path)
-            .map(|i| i.recorded.clone())
-            .unwrap_or_default()
+            .map_or_else(|| Recorded::of_trace(trace), |i| i.recorded_in(trace))
     }
 
     /// The trace files read, in order (a converted file's trace in its place).

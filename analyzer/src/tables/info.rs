@@ -334,6 +334,17 @@ pub fn render_table(i: &Info) -> String {
         for u in &im.unmapped {
             let _ = writeln!(o, "  unmapped   {u}");
         }
+        if let Some(a) = &im.allocator {
+            let settings = match crate::whatif::Recorded::from_state(a) {
+                Ok(r) => r.settings.label(),
+                Err(e) => format!("unreadable ({e})"),
+            };
+            let _ = writeln!(
+                o,
+                "  allocator  recorded settings {settings}; {} segments held when it was taken",
+                a.segments.len()
+            );
+        }
     }
     let _ = writeln!(o, "mode         {}, {} B chunks", i.mode, i.chunk_size);
     let _ = writeln!(o, "duration     {}", seconds_or_ms(i.duration_ns));

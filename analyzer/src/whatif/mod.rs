@@ -21,6 +21,7 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use poolsight_alloc_models::cupy;
+use poolsight_alloc_models::pytorch::check::Held;
 use poolsight_alloc_models::pytorch::replay::{min_capacity, replay, Config};
 pub use poolsight_alloc_models::pytorch::{Settings, SettingsError};
 use poolsight_alloc_models::replay::{self as model_replay, Outcome};
@@ -30,6 +31,7 @@ use devices::{devices, Device};
 
 use crate::read::Trace;
 use crate::replay::request_line;
+pub use poolsight_schema::header::AllocatorState;
 
 /// The allocator a run is replayed through.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -63,9 +65,9 @@ impl std::str::FromStr for Allocator {
     }
 }
 
-/// What is known of the allocator that recorded a trace, beyond the trace: a snapshot's
-/// `allocator_settings` and `segments` (the importer hands them back; a converted trace keeps
-/// neither).
+/// What is known of the allocator that recorded a trace: a snapshot's `allocator_settings`
+/// and `segments` (the importer hands them back, and a trace it writes keeps them:
+/// [`Recorded::of_trace`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Recorded {
     /// A snapshot's `allocator_settings`; PyTorch's defaults for other traces.
@@ -73,6 +75,40 @@ pub struct Recorded {
     /// A snapshot's `segments` at its end (the state a recording that did not begin empty
     /// started from, for [`check`]).
     pub held: Vec<HeldSegment>,
+}
+
+impl Recorded {
+    /// What a snapshot recorded of its allocator, as the model reads it: its
+    /// `allocator_settings` (PyTorch's defaults where it has none) and the segments it held.
+    pub fn from_state(state: &AllocatorState) -> Result<Recorded, SettingsError> {
+        let settings = match &state.settings {
+            Some(pairs) => Settings::from_recorded(pairs)?,
+            None => Settings::default(),
+        };
+        let held = (state.segments.iter())
+            .map(|s| HeldSegment {
+                device: s.device,
+                expandable: s.expandable,
+                segment: Held {
+                    addr: s.address,
+                    size: s.total_size,
+                    small: s.small,
+                    allocated: s.allocated.clone(),
+                },
+            })
+            .collect();
+        Ok(Recorded { settings, held })
+    }
+
+    /// What `trace` keeps of the allocator that made it: a trace `poolsight import` converted
+    /// from a snapshot keeps its settings and segments (format 1.7); PyTorch's defaults for any
+    /// other trace (and for one whose settings no longer parse).
+    pub fn of_trace(trace: &Trace) -> Recorded {
+        (trace.header.import.as_ref())
+            .and_then(|i| i.allocator.as_ref())
+            .and_then(|state| Recorded::from_state(state).ok())
+            .unwrap_or_default()
+    }
 }
 
 /// Whether PyTorch's caching allocator made the decisions `trace` records: a PyTorch

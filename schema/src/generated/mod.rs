@@ -30,6 +30,10 @@ pub mod poolsight {
     pub use self::device_def_generated::*;
     mod import_generated;
     pub use self::import_generated::*;
+    mod allocator_setting_generated;
+    pub use self::allocator_setting_generated::*;
+    mod held_segment_generated;
+    pub use self::held_segment_generated::*;
     mod header_generated;
     pub use self::header_generated::*;
     mod chunk_meta_generated;

@@ -24,6 +24,9 @@ impl<'a> Import<'a> {
   pub const VT_ENTRIES: ::flatbuffers::VOffsetT = 10;
   pub const VT_OVERFLOWED: ::flatbuffers::VOffsetT = 12;
   pub const VT_UNMAPPED: ::flatbuffers::VOffsetT = 14;
+  pub const VT_HAS_ALLOCATOR_SETTINGS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_ALLOCATOR_SETTINGS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_HELD_SEGMENTS: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -37,9 +40,12 @@ impl<'a> Import<'a> {
     let mut builder = ImportBuilder::new(_fbb);
     builder.add_entries(args.entries);
     builder.add_bytes(args.bytes);
+    if let Some(x) = args.held_segments { builder.add_held_segments(x); }
+    if let Some(x) = args.allocator_settings { builder.add_allocator_settings(x); }
     if let Some(x) = args.unmapped { builder.add_unmapped(x); }
     if let Some(x) = args.path { builder.add_path(x); }
     if let Some(x) = args.kind { builder.add_kind(x); }
+    builder.add_has_allocator_settings(args.has_allocator_settings);
     builder.add_overflowed(args.overflowed);
     builder.finish()
   }
@@ -87,6 +93,27 @@ impl<'a> Import<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(Import::VT_UNMAPPED, None)}
   }
+  #[inline]
+  pub fn has_allocator_settings(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Import::VT_HAS_ALLOCATOR_SETTINGS, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn allocator_settings(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AllocatorSetting<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AllocatorSetting>>>>(Import::VT_ALLOCATOR_SETTINGS, None)}
+  }
+  #[inline]
+  pub fn held_segments(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldSegment<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldSegment>>>>(Import::VT_HELD_SEGMENTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Import<'_> {
@@ -101,6 +128,9 @@ impl ::flatbuffers::Verifiable for Import<'_> {
      .visit_field::<u64>("entries", Self::VT_ENTRIES, false)?
      .visit_field::<bool>("overflowed", Self::VT_OVERFLOWED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("unmapped", Self::VT_UNMAPPED, false)?
+     .visit_field::<bool>("has_allocator_settings", Self::VT_HAS_ALLOCATOR_SETTINGS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<AllocatorSetting>>>>("allocator_settings", Self::VT_ALLOCATOR_SETTINGS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<HeldSegment>>>>("held_segments", Self::VT_HELD_SEGMENTS, false)?
      .finish();
     Ok(())
   }
@@ -112,6 +142,9 @@ pub struct ImportArgs<'a> {
     pub entries: u64,
     pub overflowed: bool,
     pub unmapped: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub has_allocator_settings: bool,
+    pub allocator_settings: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AllocatorSetting<'a>>>>>,
+    pub held_segments: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<HeldSegment<'a>>>>>,
 }
 impl<'a> Default for ImportArgs<'a> {
   #[inline]
@@ -123,6 +156,9 @@ impl<'a> Default for ImportArgs<'a> {
       entries: 0,
       overflowed: false,
       unmapped: None,
+      has_allocator_settings: false,
+      allocator_settings: None,
+      held_segments: None,
     }
   }
 }
@@ -157,6 +193,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ImportBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Import::VT_UNMAPPED, unmapped);
   }
   #[inline]
+  pub fn add_has_allocator_settings(&mut self, has_allocator_settings: bool) {
+    self.fbb_.push_slot::<bool>(Import::VT_HAS_ALLOCATOR_SETTINGS, has_allocator_settings, false);
+  }
+  #[inline]
+  pub fn add_allocator_settings(&mut self, allocator_settings: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<AllocatorSetting<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Import::VT_ALLOCATOR_SETTINGS, allocator_settings);
+  }
+  #[inline]
+  pub fn add_held_segments(&mut self, held_segments: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<HeldSegment<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Import::VT_HELD_SEGMENTS, held_segments);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ImportBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ImportBuilder {
@@ -180,6 +228,9 @@ impl ::core::fmt::Debug for Import<'_> {
       ds.field("entries", &self.entries());
       ds.field("overflowed", &self.overflowed());
       ds.field("unmapped", &self.unmapped());
+      ds.field("has_allocator_settings", &self.has_allocator_settings());
+      ds.field("allocator_settings", &self.allocator_settings());
+      ds.field("held_segments", &self.held_segments());
       ds.finish()
   }
 }
