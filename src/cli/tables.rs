@@ -231,7 +231,7 @@ pub fn report(args: ReportArgs, r: &Reading, out: &mut impl Write) -> anyhow::Re
     let ooms = profiles
         .iter()
         .any(|p| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
-        .then(|| super::oom::ooms_of(&traces, &inputs));
+        .then(|| poolsight::analyzer::tables::oom::section(&traces).0);
     let v: Vec<(String, Report)> = views(profiles, input.per_rank)
         .into_iter()
         .map(|v| (v.heading, Report::compute(&v.profile, &opts)))

@@ -341,6 +341,22 @@ fn the_html_page_of_a_snapshot_explains_its_out_of_memory() {
         "no oom text"
     );
     assert!(html.contains("expandable_segments:True"));
+    // The section `oom` prints, the allocator model's replays included: built once.
+    assert!(
+        html.contains("the model of PyTorch's allocator, replaying this run with its settings"),
+        "no model advice in the page"
+    );
+    let text = ok(cli(&["oom", &s])).stdout;
+    // As the page's data island writes it: JSON, with HTML's `<`, `>` and `&` escaped.
+    let escaped = serde_json::to_string(&text)
+        .unwrap()
+        .replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026");
+    assert!(
+        html.contains(escaped.trim_matches('"')),
+        "the page's section is not oom's"
+    );
     // A run without an out-of-memory has none.
     let quiet = dir.join("step.html");
     ok(cli(&["html", "-o", quiet.to_str().unwrap(), &step()]));

@@ -7,7 +7,43 @@ use serde::Serialize;
 use super::render::{aligned, humanized};
 use crate::read::Trace;
 use crate::replay::{OomState, PoolState};
-use crate::whatif::advice::ModelAdvice;
+use crate::whatif::advice::{at_oom, ModelAdvice};
+use crate::whatif::Recorded;
+
+/// The out-of-memory section of `traces`, built once for `oom`, `report` and `html`: the
+/// state at each out-of-memory event (at the end, for a trace without one), named by its trace
+/// when there are several, and at each device's first out-of-memory the allocator model's
+/// replays under the settings the trace recorded ([`Recorded::of_trace`]), their advice among
+/// the state's. The models, one per state, are for `--format json`.
+pub fn section<'t>(
+    traces: impl IntoIterator<Item = &'t Trace>,
+) -> (Ooms, Vec<Option<ModelAdvice>>) {
+    let traces: Vec<&Trace> = traces.into_iter().collect();
+    let (mut ooms, mut models) = (Vec::new(), Vec::new());
+    for &t in &traces {
+        let mut known: Option<Recorded> = None;
+        let mut by_device: std::collections::HashMap<u32, Option<ModelAdvice>> =
+            std::collections::HashMap::new();
+        for mut s in crate::replay::oom_states(t) {
+            if traces.len() > 1 {
+                s.trace = Some(t.path.display().to_string());
+            }
+            let model = s.requested_bytes.and_then(|req| {
+                let rec = known.get_or_insert_with(|| Recorded::of_trace(t));
+                by_device
+                    .entry(s.device)
+                    .or_insert_with(|| at_oom(t, rec, s.device, req))
+                    .clone()
+            });
+            if let Some(m) = &model {
+                s.advice.extend(m.lines());
+            }
+            ooms.push(s);
+            models.push(model);
+        }
+    }
+    (Ooms { ooms }, models)
+}
 
 /// A device's name in `traces` (`cuda:0`), or `device N`.
 pub fn device_name(traces: &[Trace], id: u32) -> String {

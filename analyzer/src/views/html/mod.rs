@@ -67,21 +67,23 @@ pub fn report_page(title: &str, traces: &[Trace], profiles: &[Profile]) -> Strin
     render(&data)
 }
 
-/// `poolsight oom`'s text for the traces that hold an out-of-memory, if any does.
+/// `poolsight oom`'s text ([`crate::tables::oom::section`]) for the traces that hold an
+/// out-of-memory, if any does.
 fn oom_text(traces: &[Trace], profiles: &[Profile]) -> Option<String> {
-    let ooms: Vec<_> = traces
+    let held: Vec<&Trace> = traces
         .iter()
         .zip(profiles)
         .filter(|(_, p)| p.sources.iter().any(|s| s.pool.out_of_memory > 0))
-        .flat_map(|(t, _)| crate::replay::oom_states(t))
+        .map(|(t, _)| t)
         .collect();
-    if ooms.is_empty() {
+    if held.is_empty() {
         return None;
     }
-    Some(crate::tables::oom::render_table(
-        &crate::tables::oom::Ooms { ooms },
-        |id| crate::tables::oom::device_name(traces, id),
-    ))
+    // The section `oom` and `report` show, the model's advice included.
+    let (ooms, _) = crate::tables::oom::section(held);
+    Some(crate::tables::oom::render_table(&ooms, |id| {
+        crate::tables::oom::device_name(traces, id)
+    }))
 }
 
 /// The page comparing a base run with a new one, each an opened trace and its replay.
