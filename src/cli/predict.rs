@@ -218,7 +218,7 @@ pub fn render(p: &Prediction) -> String {
     } else {
         let _ = writeln!(
             o,
-            "reserved peak    {}  (the allocator model under PYTORCH_CUDA_ALLOC_CONF={}; {} of it cached, not live)",
+            "reserved peak    {}  (the allocator model under PYTORCH_CUDA_ALLOC_CONF={}; {} of it cached, not live when last at that peak)",
             gib(p.reserved_peak_bytes),
             p.settings,
             gib(p.fragmentation_bytes)
