@@ -9,6 +9,9 @@
 //!   the start.
 //! - `oom` is an out-of-memory of `size` bytes plus a `device_free` mark; `snapshot` and
 //!   `annotate` are marks; external annotations named `ProfilerStep#N` are epochs.
+//! - Pinned host memory (`host_traces`, `host_segments`) is one more device, read by the same
+//!   rules ([`host`]); `user_metadata` and `compile_context` are counted for `info`
+//!   ([`metadata`]).
 //! - A free of an address never allocated in the trace, and a block `active_allocated` in
 //!   `segments` that no entry allocated (at its `requested_size`), were live from the start:
 //!   PyTorch's viewer (`MemoryViz.js`, `process_alloc_data`) counts them so, and the peaks
@@ -21,7 +24,8 @@
 //! snapshot needs memory for its distinct frames and stacks and a row per entry, not for the
 //! five million dicts of a large one.
 //!
-//! The parts: [`entries`] (what the reader makes of each dict and list), [`stacks`] (frames
+//! The parts: [`entries`] (what the reader makes of each dict and list), [`host`] (pinned
+//! host memory), [`metadata`] (the entries' strings no event holds), [`stacks`] (frames
 //! and stacks as poolsight's), [`ranges`] (`record_function` ranges), [`phases`] (phases
 //! inferred from stacks where there are none), [`categories`] (the inferred categories); this file puts them together, device by device.
 
