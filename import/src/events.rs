@@ -121,6 +121,8 @@ pub struct Events {
     pub devices: Vec<u32>,
     /// The device that is host memory (a profiler trace's CPU); every other is a CUDA device.
     pub cpu_device: Option<u32>,
+    /// That device's name (`cpu`; `pinned` for a snapshot's pinned host memory).
+    pub cpu_name: &'static str,
     /// The events observe PyTorch's allocator from outside, with no segments (a profiler
     /// trace): each block is acquired when allocated and released when freed, as
     /// `poolsight.torch.track()` records it.
@@ -151,6 +153,7 @@ impl Events {
             unmapped: Vec::new(),
             devices: Vec::new(),
             cpu_device: None,
+            cpu_name: "cpu",
             observed: false,
             end: 0,
             unix_start_ns: 0,
@@ -260,7 +263,11 @@ impl Events {
                 .map(|&id| {
                     let cpu = self.cpu_device == Some(id);
                     let kind = if cpu { "cpu" } else { "cuda" };
-                    pytorch_device(id, kind, Some(id), self.observed)
+                    let mut d = pytorch_device(id, kind, Some(id), self.observed);
+                    if cpu {
+                        d.name = self.cpu_name.to_owned();
+                    }
+                    d
                 })
                 .collect(),
             // The same for every rank of a job, so that they merge as one run's.

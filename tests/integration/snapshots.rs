@@ -286,3 +286,87 @@ fn cut_and_flipped(bytes: &[u8]) {
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("truncated"), "{}", r.stderr);
 }
+
+#[test]
+fn newer_snapshot_fields_are_read_and_pinned_memory_is_its_own_device() {
+    // make.py's `newer_fields_snapshot`: 1 MiB + 512 KiB on cuda:0; 2 MiB + 1 MiB of pinned
+    // host memory (`host_traces`), 2 MiB of it still live in `host_segments`.
+    let snap = fixture("snapshot_newer_fields.pickle");
+    let s = snap.to_str().unwrap();
+    for cmd in ["info", "report", "categories"] {
+        let r = cli(&[cmd, s]);
+        ok(&r);
+        assert!(!r.stderr.contains("warning"), "{cmd}: {}", r.stderr);
+    }
+    let info = cli(&["info", "--format", "json", s]).json();
+    let devices = info["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    assert_eq!(devices[0]["name"], "cuda:0");
+    assert_eq!(devices[1]["name"], "pinned");
+    assert_eq!(devices[1]["kind"], "cpu");
+    let unmapped: Vec<&str> = info["imported_from"]["unmapped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap())
+        .collect();
+    let has = |needle: &str| unmapped.iter().any(|u| u.contains(needle));
+    assert!(has("`user_metadata`") && has("\"phase=forward\" 2") && has("\"batch\" 2"));
+    assert!(
+        has("`compile_context`") && has("\"[0/0]\" 1"),
+        "{unmapped:?}"
+    );
+    assert!(has("\"saved for backward\" 1"), "{unmapped:?}");
+    assert!(
+        has("snapshot key `a_key_from_a_later_pytorch`: 1"),
+        "{unmapped:?}"
+    );
+    // Neither the host keys nor the entries' keys no reader uses are unmapped.
+    assert!(
+        !has("host_") && !has("pool_id") && !has("forward_frames"),
+        "{unmapped:?}"
+    );
+
+    let report = cli(&["report", "--format", "json", s]).json();
+    let by_device = report["peak"]["by_device"].as_array().unwrap();
+    let peak = |name: &str| {
+        by_device
+            .iter()
+            .find(|d| d["device"] == name)
+            .map(|d| d["peak_bytes"].as_u64().unwrap())
+    };
+    assert_eq!(peak("cuda:0"), Some(3 << 19));
+    assert_eq!(peak("pinned"), Some(3 << 20));
+    let text = cli(&["report", s]).stdout;
+    assert!(text.contains("3.00MB  pinned"), "{text}");
+    // The `forward` range of `external_annotations` holds the CUDA blocks, not the host's.
+    assert!(text.contains("1.50MB  33%  forward"), "{text}");
+    let annotations = cli(&["export", "--format", "json", "-o", "-", s]).stdout;
+    assert_eq!(annotations.matches("\"type\":\"annotation\"").count(), 1);
+}
+
+#[test]
+fn pinned_host_memory_alone_reads_in_any_layout() {
+    // `record_cuda=False`: no device entries; `host_traces` a list of lists, and a
+    // `host_segments` item that is not a segment, counted, not an error.
+    let snap = fixture("snapshot_pinned_only.pickle");
+    let s = snap.to_str().unwrap();
+    let report = cli(&["report", "--format", "json", s]);
+    ok(&report);
+    let report = report.json();
+    // The only device with memory: the peak is the host's (`by_device` needs two).
+    assert_eq!(report["peak"]["peak_used_bytes"], 3 << 20, "{report}");
+    let info = cli(&["info", s]);
+    ok(&info);
+    assert!(
+        info.stdout
+            .contains("`host_segments` items that are a dict: 1"),
+        "{}",
+        info.stdout
+    );
+    assert!(
+        info.stdout.contains("pinned (CPU memory"),
+        "{}",
+        info.stdout
+    );
+}

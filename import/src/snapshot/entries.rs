@@ -8,7 +8,7 @@ use crate::pickle::{Build, Store, StrId, Value};
 /// The strings a snapshot's many dicts are recognized by, interned first so that each is a
 /// known [`StrId`]: the keys of trace entries and frames, then the actions in
 /// [`ACTIONS`]' order.
-pub(super) const KNOWN: [&str; 22] = [
+pub(super) const KNOWN: [&str; 23] = [
     "action",
     "addr",
     "size",
@@ -21,6 +21,7 @@ pub(super) const KNOWN: [&str; 22] = [
     "filename",
     "name",
     "line",
+    "compile_context",
     "alloc",
     "free_requested",
     "free_completed",
@@ -44,7 +45,8 @@ pub(super) const DEVICE_FREE: StrId = 8;
 pub(super) const FILENAME: StrId = 9;
 pub(super) const NAME: StrId = 10;
 pub(super) const LINE: StrId = 11;
-pub(super) const FIRST_ACTION: StrId = 12;
+pub(super) const COMPILE_CONTEXT: StrId = 12;
+pub(super) const FIRST_ACTION: StrId = 13;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Action {
@@ -88,8 +90,11 @@ pub(super) struct Entry {
     pub(super) time_us: Option<u64>,
     /// Its frames, an index of [`Tables::lists`] (`NONE`: none).
     pub(super) frames: u32,
-    /// Its `user_metadata` string.
+    /// Its `user_metadata` string (`_set_memory_metadata`'s, empty when unset; an `annotate`
+    /// entry's annotation).
     pub(super) note: StrId,
+    /// Its `compile_context` string (torch.compile's, `N/A` outside it).
+    pub(super) context: StrId,
     /// Its `category` string (profiler snapshots).
     pub(super) category: StrId,
     pub(super) device_free: u64,
@@ -187,6 +192,7 @@ impl Tables {
             time_us: None,
             frames: NONE,
             note: NONE,
+            context: NONE,
             category: NONE,
             device_free: 0,
         };
@@ -208,6 +214,7 @@ impl Tables {
                 TIME_US => e.time_us = v.u64(),
                 FRAMES => e.frames = self.frames_of(s, v),
                 USER_METADATA => e.note = str_id(v),
+                COMPILE_CONTEXT => e.context = str_id(v),
                 CATEGORY => e.category = str_id(v),
                 DEVICE_FREE => e.device_free = v.u64().unwrap_or(0),
                 _ => {}

@@ -9,6 +9,9 @@
 //!   the start.
 //! - `oom` is an out-of-memory of `size` bytes plus a `device_free` mark; `snapshot` and
 //!   `annotate` are marks; external annotations named `ProfilerStep#N` are epochs.
+//! - Pinned host memory (`host_traces`, `host_segments`) is one more device, read by the same
+//!   rules ([`host`]); `user_metadata` and `compile_context` are counted for `info`
+//!   ([`metadata`]).
 //! - A free of an address never allocated in the trace, and a block `active_allocated` in
 //!   `segments` that no entry allocated (at its `requested_size`), were live from the start:
 //!   PyTorch's viewer (`MemoryViz.js`, `process_alloc_data`) counts them so, and the peaks
@@ -21,12 +24,15 @@
 //! snapshot needs memory for its distinct frames and stacks and a row per entry, not for the
 //! five million dicts of a large one.
 //!
-//! The parts: [`entries`] (what the reader makes of each dict and list), [`stacks`] (frames
+//! The parts: [`entries`] (what the reader makes of each dict and list), [`host`] (pinned
+//! host memory), [`metadata`] (the entries' strings no event holds), [`stacks`] (frames
 //! and stacks as poolsight's), [`ranges`] (`record_function` ranges), [`phases`] (phases
 //! inferred from stacks where there are none), [`categories`] (the inferred categories); this file puts them together, device by device.
 
 mod categories;
 mod entries;
+mod host;
+mod metadata;
 mod phases;
 mod ranges;
 mod stacks;
@@ -95,24 +101,20 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             )))
         }
     };
-    if segments.is_none() && traces.is_none() {
+    let (host_segments, host_traces) = match root {
+        Value::Dict(_) => (s.get(root, "host_segments"), s.get(root, "host_traces")),
+        _ => (None, None),
+    };
+    if segments.is_none() && traces.is_none() && host_traces.is_none() {
         return Err(ImportError::NotSnapshot(
             "the pickle's dict has neither `segments` nor `device_traces`".into(),
         ));
     }
     let mut unmapped = Unmapped::default();
-    for (k, v) in s.pairs(root) {
+    for (k, _) in s.pairs(root) {
         match s.str(k) {
             Some("segments" | "device_traces" | "external_annotations") => {}
-            Some("allocator_settings") => {}
-            Some(key @ ("host_segments" | "host_traces")) => {
-                let n = s.items(v).len();
-                if n > 0 {
-                    unmapped
-                        .0
-                        .insert(format!("{key} (pinned host memory)"), n as u64);
-                }
-            }
+            Some("allocator_settings" | "host_segments" | "host_traces") => {}
             Some(other) => unmapped.add(format!("snapshot key `{other}`")),
             None => unmapped.add("a snapshot key that is not a string"),
         }
@@ -156,7 +158,25 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             devices.push(list);
         }
     }
+    let host_entries = host_traces.map(|h| host::entries(s, h, &entries, &mut unmapped));
     drop(entries);
+    // Pinned host memory is the device after every CUDA device the file names.
+    let cuda_devices = devices.len();
+    let host = (host_entries.is_some() || host_segments.is_some()).then(|| {
+        let last_segment = segments.map_or(0, |segs| {
+            s.items(segs)
+                .iter()
+                .filter_map(|&seg| s.get(seg, "device").and_then(|v| v.u64()))
+                .map(|d| d.min(254) + 1)
+                .max()
+                .unwrap_or(0)
+        });
+        (cuda_devices.max(1) as u64).max(last_segment).min(255) as u32
+    });
+    if let Some(h) = host {
+        devices.resize(h as usize, Vec::new());
+        devices.push(host_entries.unwrap_or_default());
+    }
     // Entries of the device traces, `user_defined` ones too.
     ev.entries =
         devices.iter().map(|d| d.len() as u64).sum::<u64>() + (annotations.len() - external) as u64;
@@ -177,17 +197,31 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     let mut final_reserved: FxHashMap<u32, u64> = FxHashMap::default();
     let mut live_blocks: Vec<(u32, u64, u64, u32, u64)> = Vec::new(); // device, addr, size, frames, stream
     let mut final_segments: Vec<(u32, u64, u64, u64)> = Vec::new(); // device, addr, size, stream
-    if let Some(segs) = segments {
-        expect_list(segs, "segments")?;
+    let lists = segments
+        .map(|v| (v, None))
+        .into_iter()
+        .chain(host_segments.zip(host).map(|(v, h)| (v, Some(h))));
+    for (segs, host_device) in lists {
+        if host_device.is_none() {
+            expect_list(segs, "segments")?;
+        }
         for &seg in s.items(segs) {
-            let Some(blocks) = s.get(seg, "blocks") else {
-                return Err(ImportError::NotSnapshot(format!(
-                    "`segments` holds {}, not a segment (a dict with `blocks`)",
-                    kind_name(seg)
-                )));
+            let blocks = match s.get(seg, "blocks") {
+                Some(b) => b,
+                // The host allocator's layout is new: what is not a segment is counted.
+                None if host_device.is_some() => {
+                    unmapped.add(format!("`host_segments` items that are {}", kind_name(seg)));
+                    continue;
+                }
+                None => {
+                    return Err(ImportError::NotSnapshot(format!(
+                        "`segments` holds {}, not a segment (a dict with `blocks`)",
+                        kind_name(seg)
+                    )))
+                }
             };
             let int = |key: &str| s.get(seg, key).and_then(|v| v.u64());
-            let device = int("device").unwrap_or(0).min(255) as u32;
+            let device = host_device.unwrap_or_else(|| int("device").unwrap_or(0).min(255) as u32);
             let total = int("total_size").unwrap_or(0);
             let stream = int("stream").unwrap_or(0);
             *final_reserved.entry(device).or_default() += total;
@@ -204,6 +238,7 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
             }
         }
     }
+    metadata::summarize(devices.iter().flatten(), s, &mut unmapped);
     let ranges = read_annotations(&annotations, t0_us, &mut ev, &mut unmapped);
     // Categories are inferred when no entry has one of its own (profiler-made snapshots do).
     let infer = !devices.iter().flatten().any(|e| e.category != NONE);
@@ -230,16 +265,18 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
                 time_ns
             })
             .collect();
-        let mut phases = Phases::new(&ranges, device, devices.len() == 1, &mut ev);
+        // Ranges are the CUDA devices'; the host's blocks are named by their stacks alone.
+        let on_host = host == Some(device);
+        let here = if on_host { &[][..] } else { &ranges[..] };
+        let mut phases = Phases::new(here, device, cuda_devices == 1, &mut ev);
         let inferred = if infer {
             infer_categories(entries, &times, &t, s, &mut phases)
         } else {
             Vec::new()
         };
         phases.rewind();
-        let mut inferred_phases = phases
-            .is_empty()
-            .then(|| Inferred::new(entries, &times, &t, s, &mut ev));
+        let mut inferred_phases =
+            (phases.is_empty() && !on_host).then(|| Inferred::new(entries, &times, &t, s, &mut ev));
         let mut allocs = 0usize;
         for (i, e) in entries.iter().enumerate() {
             let Ok(action) = e.action else { continue };
@@ -439,6 +476,10 @@ fn convert(p: &Parsed<Made>, mut t: Tables, filter: FrameFilter) -> Result<Event
     ev.devices = (0..devices.len().max(1) as u32)
         .chain(final_reserved.keys().copied())
         .collect();
+    if let Some(h) = host {
+        ev.cpu_device = Some(h);
+        ev.cpu_name = host::PINNED_HOST;
+    }
     ev.unix_start_ns = 0;
     Ok(ev)
 }
