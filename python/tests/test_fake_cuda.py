@@ -420,3 +420,28 @@ def test_largest_batch_finds_a_size_that_fits_whose_next_does_not():
             step(size)
         assert run.fits is fits
     assert f"largest that fits in 200.00 MiB: {n}" in found.table()
+
+
+def test_a_module_built_on_the_cpu_inside_the_run_is_fake_unless_asked_real():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with pst.fake_cuda("A100-40GB") as run:
+        # 64 Mi parameters (256 MiB of host memory if built for real), initialised as
+        # recent torch does (trunc_normal_ loops on its values).
+        model = torch.nn.Linear(8192, 8192, bias=False)
+        torch.nn.init.trunc_normal_(model.weight, std=0.02)
+        assert isinstance(model.weight, FakeTensor) and model.weight.device.type == "cpu"
+        assert torch.cuda.memory_allocated() == 0
+        model.cuda()
+        assert model.weight.device.type == "cuda"
+        assert torch.cuda.memory_allocated() == 8192 * 8192 * 4
+        # Tensors made outside a module's construction stay real: data, CPU-side work.
+        assert not isinstance(torch.ones(3), FakeTensor)
+    assert run.peak_allocated_bytes == 8192 * 8192 * 4
+    with pst.fake_cuda("A100-40GB", cpu_modules="real"):
+        small = torch.nn.Linear(4, 4)
+        assert not isinstance(small.weight, FakeTensor)
+        assert float(small(torch.ones(1, 4)).sum()) == float(small(torch.ones(1, 4)).sum())
+    with pytest.raises(ValueError, match="cpu_modules must be 'fake' or 'real'"):
+        with pst.fake_cuda(cpu_modules="maybe"):
+            pass
