@@ -402,3 +402,19 @@ fn a_converted_trace_replays_as_its_snapshot_under_the_recorded_settings() {
         o.stdout
     );
 }
+
+#[test]
+fn a_snapshots_pinned_host_memory_is_not_replayed_as_a_gpus() {
+    // Pinned host memory is its own device (`pinned`), but not the CUDA caching allocator's:
+    // beside the GPU, whatif replays the GPU alone.
+    let j = cli(&[
+        "whatif",
+        &fixture("snapshot_newer_fields.pickle"),
+        "--format",
+        "json",
+    ])
+    .json();
+    let reports = j.as_array().map_or_else(|| vec![j.clone()], |a| a.clone());
+    assert_eq!(reports.len(), 1, "{j}");
+    assert_eq!(reports[0]["device"], 0, "{j}");
+}

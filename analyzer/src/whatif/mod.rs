@@ -32,6 +32,7 @@ use devices::{devices, Device};
 use crate::read::Trace;
 use crate::replay::request_line;
 pub use poolsight_schema::header::AllocatorState;
+use poolsight_schema::kinds::DeviceKind;
 
 /// The allocator a run is replayed through.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -234,7 +235,17 @@ pub fn whatif(
     if opts.allocator == Allocator::Cupy && !opts.alternatives.is_empty() {
         return Err(WhatifError::CupySettings);
     }
-    let devices = devices(trace, opts.capacity);
+    let mut devices = devices(trace, opts.capacity);
+    // The host memory of a PyTorch file (a snapshot's pinned memory, a profiler trace's CPU
+    // memory) was not the CUDA caching allocator's: replayed through it, it would read as a
+    // GPU's. Left out beside a GPU device (a trace of host memory alone is replayed, as asked).
+    if opts.allocator == Allocator::Pytorch && trace.header.import.is_some() {
+        let host =
+            |id: u32| (trace.defs.devices.iter()).any(|d| d.id == id && d.kind == DeviceKind::Cpu);
+        if devices.iter().any(|d| !host(d.device)) {
+            devices.retain(|d| !host(d.device));
+        }
+    }
     let several = devices.len() > 1;
     Ok(devices
         .into_iter()
