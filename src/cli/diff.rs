@@ -9,7 +9,7 @@ use poolsight::analyzer::diff::{self, Figures, Keys, Rule, ShowOptions};
 use poolsight::analyzer::load::incomplete;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
-use poolsight::analyzer::whatif::{self, Settings};
+use poolsight::analyzer::whatif::{self, Recorded, Settings};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
 use super::load::Reading;
@@ -184,14 +184,14 @@ fn figures(
             ..ReplayOptions::default()
         };
         // One path: one trace and its profile, or an error; read once for the model too (a
-        // snapshot's conversion hands back its allocator settings).
+        // converted snapshot's trace keeps its allocator settings).
         let inputs = r.inputs(std::slice::from_ref(path))?;
         let mut loaded = r.load_inputs(&inputs, replay)?;
         let (trace, profile) = (loaded.traces.swap_remove(0), loaded.profiles.swap_remove(0));
         sources.extend(profile.sources.iter().cloned());
         let mut f = Figures::sharing(&Report::compute(&profile, &opts), keys);
         if let Some(m) = model {
-            let recorded = inputs.recorded_of(&trace);
+            let recorded = Recorded::of_trace(&trace);
             let w = whatif::figures::figures(&trace, &recorded, m.setting, m.capacity);
             f.by_key.extend(w.by_key);
         }

@@ -163,22 +163,23 @@ impl Resolver for PyTorchFiles {
                 .tempdir()?;
             let trace = dir.path().join("converted.pstrace");
             let c = convert(p, &trace, frames, rank, world, false, self.progress)?;
+            check_settings(p, c.allocator.as_ref())?;
             out.push(load::Converted {
                 trace,
                 keep: Box::new(dir),
-                allocator: recorded(p, c.allocator)?,
             });
         }
         Ok(out)
     }
 }
 
-/// What a PyTorch file recorded of its allocator, as the model reads it: a snapshot's
-/// `allocator_settings` (PyTorch's defaults where it has none) and the `segments` it held.
-fn recorded(named: &Path, state: Option<AllocatorState>) -> anyhow::Result<Recorded> {
-    match state {
-        None => Ok(Recorded::default()),
-        Some(state) => Recorded::from_state(&state)
-            .with_context(|| format!("the allocator_settings of {} do not parse", named.display())),
+/// A snapshot's `allocator_settings` read as the model reads them (the converted trace keeps
+/// them for `whatif` and `oom`): settings it cannot read are the conversion's error.
+fn check_settings(named: &Path, state: Option<&AllocatorState>) -> anyhow::Result<()> {
+    if let Some(state) = state {
+        Recorded::from_state(state).with_context(|| {
+            format!("the allocator_settings of {} do not parse", named.display())
+        })?;
     }
+    Ok(())
 }

@@ -139,7 +139,7 @@ pub fn open(named: &Path, r: &Reading) -> anyhow::Result<(Trace, Recorded)> {
             warning: w.clone(),
         });
     }
-    let recorded = input.recorded_in(&trace);
+    let recorded = Recorded::of_trace(&trace);
     Ok((trace, recorded))
 }
 

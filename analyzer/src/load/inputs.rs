@@ -15,7 +15,6 @@ use poolsight_frames::FrameFilter;
 
 use super::{frames, LoadError, LoadOptions};
 use crate::read::{ReadError, Trace};
-use crate::whatif::Recorded;
 
 /// Why a resolver could not convert a file (its message names the file).
 pub type ConvertError = Box<dyn std::error::Error + Send + Sync>;
@@ -37,12 +36,9 @@ pub trait Resolver: Sync {
 pub struct Converted {
     /// The trace it was converted into.
     pub trace: PathBuf,
-    /// What keeps that trace on disk (a temporary directory), dropped with the [`Input`].
+    /// What keeps that trace on disk (a temporary directory), dropped with the [`Input`]. The
+    /// trace keeps what the file recorded of its allocator (`whatif::Recorded::of_trace`).
     pub keep: Box<dyn Any + Send + Sync>,
-    /// What the file recorded of the allocator that made it (a PyTorch snapshot's
-    /// `allocator_settings` and `segments`), read in the same pass: a converted trace keeps
-    /// neither.
-    pub allocator: Recorded,
 }
 
 /// One file of a job, readable as a trace.
@@ -53,25 +49,11 @@ pub struct Input {
     pub trace: PathBuf,
     /// Which frames of its stacks to show (`None`: the trace's default).
     frames: Option<FrameFilter>,
-    /// What is known of the allocator that recorded it (PyTorch's defaults but for a
-    /// snapshot's own settings and segments): what `whatif` and `oom`'s model start from.
-    pub recorded: Recorded,
     /// What keeps a converted trace on disk.
     _converted: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Input {
-    /// What is known of the allocator that recorded `trace` (this input, opened): what the
-    /// conversion read of the file it was handed, else what the trace keeps
-    /// ([`Recorded::of_trace`]: a trace `poolsight import` wrote).
-    pub fn recorded_in(&self, trace: &Trace) -> Recorded {
-        if self._converted.is_some() {
-            self.recorded.clone()
-        } else {
-            Recorded::of_trace(trace)
-        }
-    }
-
     /// Opens the trace, called by its [`Input::named`] path, its stacks shown as the
     /// options' `frames` say (with `deferred`, the event chunks' checksums are left to the
     /// replay: see [`Trace::open_deferred`]).
@@ -108,12 +90,12 @@ impl Inputs {
                 }
             }
         }
-        let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>, Recorded)> = match opts.resolver {
+        let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>)> = match opts.resolver {
             Some(r) if !foreign.is_empty() => r
                 .convert(&foreign, opts.frames.unwrap_or_default())
                 .map_err(LoadError::Convert)?
                 .into_iter()
-                .map(|c| (c.trace, Arc::from(c.keep), c.allocator))
+                .map(|c| (c.trace, Arc::from(c.keep)))
                 .collect(),
             _ => Vec::new(),
         };
@@ -128,7 +110,6 @@ impl Inputs {
                     named: p.to_path_buf(),
                     trace: c.map_or_else(|| p.to_path_buf(), |c| c.0.clone()),
                     frames: opts.frames,
-                    recorded: c.map(|c| c.2.clone()).unwrap_or_default(),
                     _converted: c.map(|c| Arc::clone(&c.1)),
                 }
             })
@@ -146,14 +127,6 @@ impl Inputs {
 
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
-    }
-
-    /// What is known of the allocator that recorded `trace`, one of these inputs' traces
-    /// (found by the name it was opened under): [`Input::recorded`].
-    pub fn recorded_of(&self, trace: &Trace) -> Recorded {
-        (self.items.iter())
-            .find(|i| i.named == trace.path)
-            .map_or_else(|| Recorded::of_trace(trace), |i| i.recorded_in(trace))
     }
 
     /// The trace files read, in order (a converted file's trace in its place).
