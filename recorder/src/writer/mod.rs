@@ -283,7 +283,8 @@ impl Recorder {
 
     /// Seals this thread's chunks, writes the footer (second clock point, dropped events),
     /// flushes and trims the file. Chunks of threads still running stay open in the file with
-    /// every event they hold; events recorded after this are dropped and counted.
+    /// every event they hold; events recorded after this (or racing with it) are dropped and
+    /// counted by the handle, not the file.
     pub fn finish(mut self) -> Result<Summary, RecorderError> {
         self.finish_inner(None)
     }
@@ -309,6 +310,9 @@ impl Recorder {
             });
         }
         thread::seal_current_thread(shared);
+        // The file counts what was dropped while it recorded; events that race with the finish
+        // (a thread still recording) are after it, counted by the handle only.
+        let dropped_while_recording = shared.dropped.load(Ordering::Acquire);
         shared.closed.store(true, Ordering::Release);
         let data_end = shared.file.close();
         let (end_ticks, end_mono_ns, end_unix_ns) = match end {
@@ -319,7 +323,7 @@ impl Recorder {
             end_ticks,
             end_mono_ns,
             end_unix_ns,
-            dropped_events: shared.dropped.load(Ordering::Relaxed),
+            dropped_events: dropped_while_recording,
             chunks: shared.seq.load(Ordering::Relaxed) - 1,
             data_end,
         };
