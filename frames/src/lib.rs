@@ -86,9 +86,28 @@ fn viewer_keeps(name: &str, file: &str) -> bool {
         && !file.contains(ALLOCATOR)
 }
 
-/// Whether a frame's file is Python code (not C or C++, not `??`, not empty).
+/// What a symbolizer names when it has no source file: the object or library the code is in
+/// (`thread48.o`, where libstdc++ starts the autograd engine's threads; `libc.so.6`).
+const OBJECT_SUFFIXES: &[&str] = &[".o", ".a", ".so", ".dylib", ".dll"];
+
+/// Whether a frame's file is Python code (not C or C++, not an object file or a shared
+/// library, not `??`, not empty).
 fn is_python(file: &str) -> bool {
-    !file.is_empty() && file != "??" && !NATIVE_SUFFIXES.iter().any(|s| file.ends_with(s))
+    !file.is_empty()
+        && file != "??"
+        && !NATIVE_SUFFIXES.iter().any(|s| file.ends_with(s))
+        && !is_object(file)
+}
+
+/// An object file or shared library, versioned ones (`libc.so.6`, `libcudart.so.12.4`) too.
+fn is_object(file: &str) -> bool {
+    let unversioned = file.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.');
+    let unversioned = if unversioned.len() < file.len() && unversioned.ends_with(".so") {
+        unversioned
+    } else {
+        file
+    };
+    OBJECT_SUFFIXES.iter().any(|s| unversioned.ends_with(s))
 }
 
 /// A frame of the user view: a Python frame kept with its (shortened) file, or the operator
@@ -598,6 +617,55 @@ mod tests {
         );
         assert_eq!(v.last().unwrap().op_backward, Some(false));
         assert!(!in_backward(&cpp_stack()));
+    }
+
+    /// Where the symbolizer knows no source file it names the object or library: the engine's
+    /// threads start in libstdc++'s `thread48.o`, every thread in `libc.so.6`. Those are not
+    /// the user's Python files.
+    #[test]
+    fn object_files_and_libraries_are_native_frames() {
+        let stack = [
+            ("clone3", "libc.so.6", 0),
+            ("start_thread", "/lib/x86_64-linux-gnu/libc.so.6", 0),
+            ("execute_native_thread_routine", "thread48.o", 0),
+            (
+                "torch::autograd::Engine::thread_init(int)",
+                "libtorch_cuda.so",
+                0,
+            ),
+            (
+                "torch::autograd::generated::MulBackward0::apply(std::vector<at::Tensor>&&)",
+                "??",
+                0,
+            ),
+            (
+                "at::_ops::mul_Tensor::call(at::Tensor const&, at::Tensor const&)",
+                "libtorch_cpu.so.2.5",
+                0,
+            ),
+        ];
+        let names: Vec<String> = user_view(&stack, "").into_iter().map(|f| f.name).collect();
+        assert_eq!(names, ["MulBackward0", "aten::mul"]);
+        for native in [
+            "thread48.o",
+            "libc.so.6",
+            "libcudart.so.12.4.127",
+            "x.a",
+            "m.dylib",
+            "k.dll",
+        ] {
+            assert!(!is_python(native), "{native}");
+        }
+        for python in [
+            "train.py",
+            "<stdin>",
+            "<ipython-input-3-1f>",
+            "/tmp/ipykernel_7/1.py",
+            "so.py",
+            "v1.2",
+        ] {
+            assert!(is_python(python), "{python}");
+        }
     }
 
     #[test]
