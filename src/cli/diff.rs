@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use poolsight::analyzer::diff::{self, Figures, Keys, Rule, ShowOptions};
+use poolsight::analyzer::diff::{self, Figures, Keys, Rule, Section, ShowOptions, Timeline};
 use poolsight::analyzer::load::incomplete;
 use poolsight::analyzer::tables::{Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
@@ -18,9 +18,16 @@ use super::whatif::{parse_bytes, parse_setting};
 
 const HELP: &str = "\
 Rows are matched by name (functions, links, file:line:function stacks, epoch numbers; never
-addresses) across the headline (peak used/acquired bytes, allocations, wall time), functions,
-lines, timers and epochs; each row's key is what a rule names. Unchanged rows are hidden
-unless --all; the headline is always shown.
+addresses). By default: the headline (peak used/acquired bytes, allocations, wall time); where
+they part (the first point the new run holds more live bytes than the base by more than the
+tightest peak_used rule, else 1% of the base's peak; lined up step by step, else by the share
+of the run elapsed); what was live at each run's peak, by category and by innermost user line
+(peak.category.NAME, peak.line.FILE:LINE:FUNCTION > OPERATOR, the stack behind it in JSON and
+folded in markdown); then functions, timers, epochs and whatif. --section lines shows the
+cumulative bytes of every request by whole stack, --section categories by category. Each row's
+key is what a rule names. Unchanged rows are hidden unless --all; the headline is always shown.
+The table fits 160 columns and markdown lines 200 characters (long keys shortened, kept
+unique); JSON keeps keys whole.
 
 Several runs per side: --base B1 B2 B3 --new N1 N2 N3 (shell globs work). Each figure is the
 median over a side's runs, so one slow run on a noisy machine does not fail a time rule.
@@ -28,7 +35,7 @@ median over a side's runs, so one slow run on a noisy machine does not fail a ti
 Rules (--fail-on, repeatable; --rules FILE with fail_on = [\"RULE\", ...]):
   METRIC>VALUE   fails when METRIC grew by more than VALUE (METRIC>=VALUE: by VALUE or more)
   METRIC  peak_used, peak_acquired (alias acquired), allocations, device_allocations,
-          out_of_memory, time (wall time, alias wall_time),
+          out_of_memory, time (wall time, alias wall_time), peak.category.NAME, peak.line.LINE,
           function:NAME.used|acquired|self_used|self_acquired|occurrence|time,
           link:NAME.time|occurrence, line:STACK.used|acquired, epoch:N.gpu_used|gpu_peak|
           cpu_used|cpu_peak, whatif:DEVICE.reserved_peak|fragmentation|failures|min_capacity|..;
@@ -47,6 +54,7 @@ Exit status: 0 no rule crossed, 1 a rule crossed (each violation listed), 2 bad 
 
 Examples:
   poolsight diff base.pstrace new.pstrace --fail-on 'peak_used>+5%'
+  poolsight diff base.pickle new.pickle --fail-on 'peak.category.activation>+5%' --section lines
   poolsight diff run.pickle run.pickle --base-setting max_split_size_mb:128 \\
       --new-setting expandable_segments:True --fail-on 'whatif:*.reserved_peak>0'
   poolsight diff --base base-*.pstrace --new new-*.pstrace --rules poolsight-rules.toml \\
@@ -116,6 +124,12 @@ pub struct DiffArgs {
     /// each trace's own.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     pub capacity: Option<u64>,
+    /// Show these sections beside the headline (repeatable): peak, functions, lines, timers,
+    /// epochs, categories, whatif. Default: all but lines and categories (cumulative bytes
+    /// of every request by whole stack, and by category) — what was live at each run's peak
+    /// is the peak section. Rules see every section whatever is shown.
+    #[arg(long = "section", value_name = "NAME", value_parser = parse_section)]
+    pub sections: Vec<Section>,
     /// What the flamegraph measures: used, acquired, peak or time.
     #[arg(long, default_value = "used", value_parser = parse_metric, requires = "flamegraph")]
     pub flamegraph_metric: Metric,
@@ -123,6 +137,23 @@ pub struct DiffArgs {
 
 fn parse_rule(s: &str) -> Result<Rule, String> {
     s.parse().map_err(|e: diff::RuleError| e.to_string())
+}
+
+fn parse_section(s: &str) -> Result<Section, String> {
+    let all = Section::all();
+    all.iter()
+        .copied()
+        .find(|x| x.as_str() == s && *x != Section::HEADLINE)
+        .ok_or_else(|| {
+            let names: Vec<&str> = (all.iter())
+                .filter(|x| **x != Section::HEADLINE)
+                .map(|x| x.as_str())
+                .collect();
+            format!(
+                "no section `{s}`; the sections are {} (the headline is always shown)",
+                names.join(", ")
+            )
+        })
 }
 
 fn parse_metric(s: &str) -> Result<Metric, String> {
@@ -152,6 +183,8 @@ fn read_rules(path: &Path) -> anyhow::Result<Vec<Rule>> {
 /// the ranks of one run: each is loaded on its own, so rank 0 of two runs is no duplicate.
 struct Side {
     figures: Vec<Figures>,
+    /// The first run's live bytes over time, for "where they part".
+    timeline: Option<Timeline>,
     first: Option<(Trace, Profile)>,
     /// What makes this side partial, if anything.
     partial: Option<String>,
@@ -174,6 +207,7 @@ fn figures(
 ) -> anyhow::Result<Side> {
     let opts = ReportOptions::default();
     let mut first = None;
+    let mut timeline = None;
     let mut figures = Vec::new();
     let mut sources = Vec::new();
     for (i, path) in paths.iter().enumerate() {
@@ -196,12 +230,16 @@ fn figures(
             f.by_key.extend(w.by_key);
         }
         figures.push(f);
-        if i == 0 && keep_first {
-            first = Some((trace, profile));
+        if i == 0 {
+            timeline = Timeline::of(&profile);
+            if keep_first {
+                first = Some((trace, profile));
+            }
         }
     }
     Ok(Side {
         figures,
+        timeline,
         first,
         partial: incomplete::describe(&sources),
     })
@@ -241,7 +279,14 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
         );
     }
     let (base_profile, new_profile) = (base_side.first, new_side.first);
-    let d = diff::compare(&base_side.figures, &new_side.figures, &rules);
+    let mut d = diff::compare(&base_side.figures, &new_side.figures, &rules);
+    if let (Some(b), Some(n)) = (&base_side.timeline, &new_side.timeline) {
+        d.parting = Some(diff::parting::parting(
+            b,
+            n,
+            diff::parting::margin(&rules, b.peak_bytes),
+        ));
+    }
 
     if let (Some(path), Some((_, b)), Some((_, n))) =
         (&args.flamegraph, &base_profile, &new_profile)
@@ -273,6 +318,7 @@ pub fn run(args: DiffArgs, r: &Reading, out: &mut dyn Write) -> anyhow::Result<u
     let show = ShowOptions {
         all: args.all,
         top: args.top,
+        sections: args.sections.clone(),
     };
     match args.format {
         DiffFormat::Table | DiffFormat::Markdown => {

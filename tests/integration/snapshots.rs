@@ -152,12 +152,52 @@ fn diff_of_two_snapshots_gates_and_names_the_stacks() {
     ]);
     assert_eq!(r.code, 1, "{}", r.stderr);
     let j = r.json();
-    let row = j["rows"]
+    let rows = j["rows"].as_array().unwrap();
+    // By default: what was live at each peak, by the innermost user line, the stack behind
+    // it (its phase inferred: a module's forward) beside the key.
+    let row = rows
+        .iter()
+        .find(|r| r["key"] == "peak.line.train.py:12:forward")
+        .expect("the line that grew at the peak");
+    assert_eq!(row["delta"].as_i64().unwrap(), 2 * 18 * 1024);
+    assert_eq!(
+        row["stack"],
+        serde_json::json!([
+            "phase: forward",
+            "train.py:10:main",
+            "train.py:11:step",
+            "train.py:12:forward"
+        ])
+    );
+    assert!(
+        rows.iter().all(|r| r["section"] != "lines"),
+        "cumulative lines are asked for by name: {j:#}"
+    );
+    // The new run goes over the base by the rule's margin in its first step.
+    let at = &j["parting"]["at"];
+    assert_eq!(at["step"], 0, "{j:#}");
+    assert!(
+        at["new_bytes"].as_i64() > at["base_bytes"].as_i64(),
+        "{j:#}"
+    );
+    assert_eq!(j["parting"]["margin"], "the rule peak_used>+10%");
+
+    // The whole stacks, asked for by name: the same growth, live at the peak.
+    let lines = cli(&[
+        "diff",
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        "--section",
+        "lines",
+        "--format",
+        "json",
+    ])
+    .json();
+    let row = lines["rows"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| {
-            // Under its phase, inferred from the stack (a module's forward).
             r["key"]
                 == "line:inferred:0:forward;train.py:10:main;train.py:11:step;train.py:12:forward.live_at_peak"
         })
@@ -369,4 +409,113 @@ fn pinned_host_memory_alone_reads_in_any_layout() {
         "{}",
         info.stdout
     );
+}
+
+/// The widest line of `text`, in characters.
+fn widest(text: &str) -> usize {
+    text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+}
+
+#[test]
+fn a_diff_of_two_steps_fits_a_terminal_and_a_comment_with_the_user_frames_only() {
+    // Two full steps recorded with C++ stacks: backward blocks on the autograd engine's
+    // thread (libstdc++'s `execute_native_thread_routine` in `thread48.o` and no Python).
+    let (a, b) = (
+        fixture("snapshot_step_cpp_plain.pickle"),
+        fixture("snapshot_hand_written_adamw.pickle"),
+    );
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let every = ["--section", "peak", "--section", "lines", "--all"];
+    let json = cli(&[&["diff", a, b, "--format", "json"][..], &every].concat());
+    ok(&json);
+    let j = json.json();
+    let keys: Vec<&str> = (j["rows"].as_array().unwrap().iter())
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert!(
+        keys.iter().any(|k| k.chars().count() > 200),
+        "whole stacks are longer than a comment's line"
+    );
+    for format in ["table", "markdown"] {
+        let o = cli(&[&["diff", a, b, "--format", format][..], &every].concat());
+        ok(&o);
+        let width = if format == "table" { 160 } else { 200 };
+        assert!(widest(&o.stdout) <= width, "{format}:\n{}", o.stdout);
+        for native in ["execute_native_thread_routine", "thread48.o", "libc.so"] {
+            assert!(!o.stdout.contains(native), "{format}: {native}");
+        }
+        assert!(!json.stdout.contains("thread48.o"));
+        // Shortened keys stay unique: as many rows as the JSON's, each named once.
+        let shown: Vec<&str> = (o.stdout.lines())
+            .filter(|l| l.starts_with("line:") || l.starts_with("| `line:"))
+            .collect();
+        let unique: std::collections::HashSet<_> = shown.iter().collect();
+        assert_eq!(unique.len(), shown.len(), "{format}");
+        assert_eq!(
+            shown.len(),
+            keys.iter().filter(|k| k.starts_with("line:")).count(),
+            "{format}"
+        );
+    }
+    // Nor anywhere else the user view is drawn: the HTML page's icicles, a peak flamegraph.
+    let dir = scratch::dir();
+    let (page, svg) = (dir.join("step.html"), dir.join("peak.svg"));
+    let (page, svg) = (page.to_str().unwrap(), svg.to_str().unwrap());
+    ok(&cli(&["html", b, "-o", page]));
+    ok(&cli(&["flamegraph", b, "--metric", "peak", "-o", svg]));
+    for drawn in [page, svg] {
+        let text = std::fs::read_to_string(drawn).unwrap();
+        assert!(
+            text.contains("_init_state"),
+            "{drawn} draws the user's lines"
+        );
+        assert!(!text.contains("execute_native_thread_routine"), "{drawn}");
+    }
+    // The markdown folds the stack behind each peak line beside its table.
+    let md = cli(&["diff", a, b, "--format", "markdown"]);
+    assert!(md
+        .stdout
+        .contains("<details><summary>the stacks behind these rows"));
+    assert!(
+        md.stdout.contains("optimizers.py:77:_init_state"),
+        "{}",
+        md.stdout
+    );
+    assert!(md
+        .stdout
+        .contains("the peak grew 2.50KB; what was live at each run's peak"));
+
+    // Rules reach the peak's categories and lines.
+    let small = fixture("snapshot_small.pickle");
+    let grown = fixture("snapshot_grown.pickle");
+    let (small, grown) = (small.to_str().unwrap(), grown.to_str().unwrap());
+    let gate = cli(&[
+        "diff",
+        small,
+        grown,
+        "--fail-on",
+        "peak.category.activation>+5%",
+        "--fail-on",
+        "peak.line.*train.py:12:*>+64KB",
+        "--fail-on",
+        "peak.category.optimizer_state>+5%",
+    ]);
+    assert_eq!(gate.code, 1, "{}{}", gate.stdout, gate.stderr);
+    assert!(
+        gate.stdout.contains("FAIL: 1 violation(s) of 3 rule(s):"),
+        "{}",
+        gate.stdout
+    );
+    assert!(gate
+        .stdout
+        .contains("peak.category.activation>+5%  peak.category.activation  +200.00%"));
+    // A section that does not exist, and a rule naming no peak key, are bad input.
+    for bad in [
+        &["diff", small, grown, "--section", "stacks"][..],
+        &["diff", small, grown, "--fail-on", "peak.cat>+5%"][..],
+    ] {
+        let o = cli(bad);
+        assert_eq!(o.code, 2, "{bad:?}: {}", o.stderr);
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+    }
 }

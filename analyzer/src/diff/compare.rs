@@ -29,6 +29,18 @@ pub struct Row {
     #[serde(skip)]
     pub quantity: Quantity,
     pub section: Section,
+    /// The stack behind a key that names only its innermost line (`peak.line`): the largest
+    /// it sums in the new run (the base's when the new run lacks the key), outermost frame
+    /// first; left out of other rows.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "frames_of")]
+    pub stack: Option<Arc<str>>,
+}
+
+fn frames_of<S: Serializer>(stack: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+    match stack {
+        Some(text) => s.collect_seq(text.split('\n')),
+        None => s.serialize_none(),
+    }
 }
 
 fn as_str<S: Serializer>(key: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
@@ -88,6 +100,9 @@ pub struct Diff {
     /// Rules whose metric matched no key of either side: most likely a typo, which would
     /// otherwise pass silently forever.
     pub unmatched_rules: Vec<String>,
+    /// Where the new run first holds more than the base by the margin ([`super::parting`]),
+    /// when the caller lined the runs' timelines up.
+    pub parting: Option<super::Parting>,
 }
 
 /// The median of a side's runs; a run without the key counts as 0. An even count takes the
@@ -174,6 +189,9 @@ pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
                 new: n,
                 delta: n0.saturating_sub(b0),
                 delta_pct: b.and_then(|_| percent(b0, n0)),
+                stack: (new.iter().chain(base))
+                    .find_map(|r| r.stacks.get(key))
+                    .cloned(),
             }
         })
         .collect();
@@ -205,15 +223,35 @@ pub fn compare(base: &[Figures], new: &[Figures], rules: &[Rule]) -> Diff {
         violations,
         rules_checked: rules.len(),
         unmatched_rules,
+        parting: None,
     }
 }
 
+/// The sections shown only when asked for by name ([`ShowOptions::sections`]): `lines`, the
+/// cumulative bytes of every request by whole stack (what a peak's growth is not), and
+/// `categories`, whose bytes at the peak the `peak` section already shows.
+pub const ASKED_FOR: [&str; 2] = ["lines", "categories"];
+
 /// What to show of a diff: unchanged rows are hidden unless `all`; `top` caps each section
-/// (the headline excepted). Rules are checked against every row whatever is shown.
-#[derive(Debug, Clone, Copy, Default)]
+/// (the headline excepted); `sections` names the sections shown beside the headline (empty:
+/// all but [`ASKED_FOR`]). Rules are checked against every row whatever is shown.
+#[derive(Debug, Clone, Default)]
 pub struct ShowOptions {
     pub all: bool,
     pub top: Option<usize>,
+    pub sections: Vec<Section>,
+}
+
+impl ShowOptions {
+    /// Whether `section` is shown.
+    pub fn shows(&self, section: Section) -> bool {
+        section == Section::HEADLINE
+            || if self.sections.is_empty() {
+                !ASKED_FOR.contains(&section.as_str())
+            } else {
+                self.sections.contains(&section)
+            }
+    }
 }
 
 /// One section's shown rows and how many more it had.
@@ -225,10 +263,20 @@ pub struct Shown<'a> {
 
 impl Diff {
     /// The rows to show, by section, in display order. The headline is always shown whole:
-    /// "peak used did not move" is an answer a reader looks for.
+    /// "peak used did not move" is an answer a reader looks for. A section neither run has a
+    /// figure of (whatif without `--whatif`, epochs of a run without any) is left out unless
+    /// named.
     pub fn shown(&self, opts: &ShowOptions) -> Vec<Shown<'_>> {
+        let mut present = vec![Section::HEADLINE];
+        present.extend(opts.sections.iter().copied());
+        for r in &self.rows {
+            if !present.contains(&r.section) {
+                present.push(r.section);
+            }
+        }
         Section::all()
             .into_iter()
+            .filter(|&section| opts.shows(section) && present.contains(&section))
             .map(|section| {
                 let rows: Vec<&Row> = self
                     .rows
@@ -259,6 +307,7 @@ impl Diff {
     pub fn json(&self, opts: &ShowOptions) -> DiffJson<'_> {
         DiffJson {
             partial: Vec::new(),
+            parting: self.parting.as_ref(),
             rows: self.shown(opts).into_iter().flat_map(|s| s.rows).collect(),
             violations: &self.violations,
         }
@@ -271,6 +320,9 @@ pub struct DiffJson<'a> {
     /// What was read of a damaged side, as warnings say it; left out when none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub partial: Vec<String>,
+    /// Where the runs part ([`super::parting`]); left out when not computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parting: Option<&'a super::Parting>,
     pub rows: Vec<&'a Row>,
     pub violations: &'a [Violation],
 }

@@ -8,6 +8,8 @@
 //! | `peak_used`, `peak_acquired` | headline | bytes |
 //! | `allocations`, `device_allocations`, `out_of_memory` | headline | count |
 //! | `time` (wall time of the trace) | headline | ns |
+//! | `peak.category.NAME`: bytes of a category live at the peak | peak | bytes |
+//! | `peak.line.LINE`: bytes live at the peak by innermost user line and operator (`file:line:function > aten::op`; the largest stack behind it in [`Row::stack`]) | peak | bytes |
 //! | `function:NAME.used`, `.acquired`, `.self_used`, `.self_acquired` | functions | bytes |
 //! | `function:NAME.occurrence` | functions | count |
 //! | `function:NAME.time`, `link:NAME.time` | timers | ns |
@@ -29,14 +31,20 @@
 //! plain number (bytes, ns or a count, as the metric is). A percentage of a base of 0 is
 //! infinite: any growth from nothing crosses a percentage rule, since a CI gate that let a
 //! brand-new allocation through would be no gate.
+//!
+//! What is shown ([`ShowOptions`]) answers why the peak moved: the headline, where the runs
+//! part ([`parting`]), the `peak` section, then the others; `lines` (cumulative bytes of every
+//! request) and `categories` are shown only when named. Rules see every row.
 
 mod compare;
+pub mod parting;
 mod render;
 mod rules;
 #[cfg(test)]
 mod tests;
 
 pub use crate::tables::{Figure, Figures, Keys, Quantity, Section};
-pub use compare::{compare, Change, Diff, DiffJson, Row, ShowOptions, Shown, Violation};
+pub use compare::{compare, Change, Diff, DiffJson, Row, ShowOptions, Shown, Violation, ASKED_FOR};
+pub use parting::{Parting, PartingPoint, Timeline};
 pub use render::{render_markdown, render_table, write_markdown, write_table};
 pub use rules::{parse_rules_file, Rule, RuleError, RuleProblem, RulesFileError, Threshold};

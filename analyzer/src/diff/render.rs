@@ -3,7 +3,10 @@
 use std::cmp::Ordering;
 use std::fmt::{self, Write};
 
+use rustc_hash::FxHashMap;
+
 use super::compare::{Change, Diff, Row, ShowOptions, Violation};
+use super::Parting;
 use crate::tables::render::{humanized, time_auto};
 use crate::tables::{Quantity, Section};
 
@@ -65,13 +68,19 @@ fn runs(n: usize) -> String {
     }
 }
 
-/// Left-aligned first column (keys), right-aligned numbers, two spaces apart: the widths
-/// from a first pass, then each row's cells made again and written (with `--all` on a large
-/// run, holding every cell at once would cost more than the comparison).
+/// The widest a terminal table is, in characters.
+pub const TABLE_WIDTH: usize = 160;
+/// The longest line of the markdown.
+pub const MARKDOWN_WIDTH: usize = 200;
+
+/// Left-aligned first column (keys, shortened to fit [`TABLE_WIDTH`]: [`Labels`]),
+/// right-aligned numbers, two spaces apart: the widths from a first pass, then each row's
+/// cells made again and written (with `--all` on a large run, holding every cell at once
+/// would cost more than the comparison).
 fn columns(out: &mut dyn Write, head: &[String; 5], rows: &[&Row]) -> fmt::Result {
     let mut widths = [0usize; 5];
     let mut widen = |cells: &[String; 5]| {
-        for (w, c) in widths.iter_mut().zip(cells) {
+        for (w, c) in widths.iter_mut().zip(cells).skip(1) {
             *w = (*w).max(c.chars().count());
         }
     };
@@ -79,31 +88,179 @@ fn columns(out: &mut dyn Write, head: &[String; 5], rows: &[&Row]) -> fmt::Resul
     for r in rows {
         widen(&cells(r));
     }
+    let numbers: usize = widths[1..].iter().map(|w| w + 2).sum();
+    let labels = Labels::new(rows, TABLE_WIDTH.saturating_sub(numbers).max(24));
+    widths[0] = (rows.iter().map(|r| labels.get(r).chars().count()))
+        .chain([head[0].chars().count()])
+        .max()
+        .unwrap_or(0);
     let mut line = String::new();
-    let mut row = |out: &mut dyn Write, cells: &[String; 5]| {
+    let mut row = |out: &mut dyn Write, first: &str, cells: &[String; 5]| {
         line.clear();
-        let _ = write!(line, "{:<w$}", cells[0], w = widths[0]);
+        let _ = write!(line, "{first:<w$}", w = widths[0]);
         for (c, w) in cells.iter().zip(widths).skip(1) {
             let _ = write!(line, "  {c:>w$}");
         }
         out.write_str(line.trim_end())?;
         out.write_char('\n')
     };
-    row(out, head)?;
+    row(out, &head[0], head)?;
     for r in rows {
-        row(out, &cells(r))?;
+        row(out, labels.get(r), &cells(r))?;
+    }
+    if labels.shortened {
+        out.write_str("(keys with … are shortened; --format json gives them whole)\n")?;
     }
     Ok(())
 }
 
 fn cells(r: &Row) -> [String; 5] {
     [
-        r.key.to_string(),
+        String::new(),
         value_text(r.quantity, r.base),
         value_text(r.quantity, r.new),
         delta_text(r),
         change_text(r),
     ]
+}
+
+/// The keys of a section's rows as shown: whole where they fit `width`, else a `line:`
+/// stack by its innermost frames (`line:…;a.py:3:f;:0:aten::mm.used`, as many as keep it
+/// unique), any other key cut in the middle; a key still shared after that gets `~N`.
+/// Rules name keys whole: a shortened one says so with its `…`.
+struct Labels {
+    shown: FxHashMap<*const Row, String>,
+    shortened: bool,
+}
+
+impl Labels {
+    fn new(rows: &[&Row], width: usize) -> Labels {
+        let mut shown: FxHashMap<*const Row, String> = FxHashMap::default();
+        // `line:` stacks too wide: (row, frames, figure, innermost frames kept).
+        let mut pending: Vec<(&Row, Vec<&str>, &str, usize)> = Vec::new();
+        for &r in rows {
+            let key: &str = &r.key;
+            if key.chars().count() <= width {
+                shown.insert(r, key.to_string());
+                continue;
+            }
+            match key
+                .strip_prefix("line:")
+                .and_then(|rest| rest.rsplit_once('.'))
+            {
+                Some((stack, figure)) => pending.push((r, stack.split(';').collect(), figure, 1)),
+                None => {
+                    shown.insert(r, cut_middle(key, width));
+                }
+            }
+        }
+        let innermost = |frames: &[&str], k: usize, figure: &str| {
+            let k = k.min(frames.len());
+            let dots = if k < frames.len() { "…;" } else { "" };
+            format!(
+                "line:{dots}{}.{figure}",
+                frames[frames.len() - k..].join(";")
+            )
+        };
+        // One more frame where two rows read the same, until none do.
+        loop {
+            let mut seen: FxHashMap<String, usize> = FxHashMap::default();
+            for (_, frames, figure, k) in &pending {
+                *seen.entry(innermost(frames, *k, figure)).or_default() += 1;
+            }
+            let mut grew = false;
+            for (_, frames, figure, k) in &mut pending {
+                if seen[&innermost(frames, *k, figure)] > 1 && *k < frames.len() {
+                    *k += 1;
+                    grew = true;
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        for (r, frames, figure, k) in &pending {
+            shown.insert(*r, cut_middle(&innermost(frames, *k, figure), width));
+        }
+        // Whatever still reads the same (cut in the middle alike): numbered.
+        let mut count: FxHashMap<String, usize> = FxHashMap::default();
+        for &r in rows {
+            let Some(label) = shown.get_mut(&(r as *const Row)) else {
+                continue;
+            };
+            let n = count.entry(label.clone()).or_default();
+            *n += 1;
+            if *n > 1 {
+                label.push_str(&format!("~{n}"));
+            }
+        }
+        let shortened = rows
+            .iter()
+            .any(|r| shown.get(&(*r as *const Row)).is_some_and(|l| *l != *r.key));
+        Labels { shown, shortened }
+    }
+
+    fn get<'a>(&'a self, r: &'a Row) -> &'a str {
+        self.shown.get(&(r as *const Row)).map_or(&r.key, |l| l)
+    }
+}
+
+/// `text` in at most `width` characters: its start and end, `…` between.
+fn cut_middle(text: &str, width: usize) -> String {
+    let n = text.chars().count();
+    if n <= width {
+        return text.to_string();
+    }
+    let keep = width.saturating_sub(1);
+    let head = keep / 3;
+    let tail = keep - head;
+    let start: String = text.chars().take(head).collect();
+    let end: String = text.chars().skip(n - tail).collect();
+    format!("{start}…{end}")
+}
+
+/// The "where they part" line ([`super::parting`]).
+/// The peak section's heading: how far the peak moved, then what its rows are.
+fn peak_heading(d: &Diff) -> String {
+    let moved = (d.rows.iter())
+        .find(|r| r.section == Section::HEADLINE && &*r.key == "peak_used")
+        .map(|r| match r.delta {
+            0 => "the peak did not move".to_string(),
+            v if v > 0 => format!("the peak grew {}", humanized(v as u64)),
+            v => format!("the peak shrank {}", humanized(v.unsigned_abs())),
+        });
+    let what = "what was live at each run's peak, by category and by line";
+    match moved {
+        Some(m) => format!("{m}; {what}:"),
+        None => format!("{what}:"),
+    }
+}
+
+fn parting_text(p: &Parting) -> String {
+    let margin = format!("{}, {}", humanized(p.margin_bytes), p.margin);
+    match &p.at {
+        None => format!(
+            "where they part: nowhere; the new run never holds more than the base by over the margin ({margin})"
+        ),
+        Some(at) => {
+            let when = match at.step {
+                Some(step) => format!("in step {step}, {:.0}% into it", at.share * 100.0),
+                None if at.share == 0.0 => "from the start".to_string(),
+                None => format!("{:.0}% into the run", at.share * 100.0),
+            };
+            let more = (at.new_bytes - at.base_bytes).max(0) as u64;
+            // Two lines, each well inside a terminal's 160 columns.
+            format!(
+                "where they part: {when}, the new run holds {} more ({} against {})\n  \
+                 at {} into the new run, {} into the base; margin {margin}",
+                humanized(more),
+                humanized(at.new_bytes.max(0) as u64),
+                humanized(at.base_bytes.max(0) as u64),
+                time_auto(at.new_ns),
+                time_auto(at.base_ns),
+            )
+        }
+    }
 }
 
 /// Plain text for a terminal or a CI log: sections, then the verdict last, where a log
@@ -128,6 +285,9 @@ pub fn write_table(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt::Re
             writeln!(out, "{}: no change", s.section)?;
             continue;
         }
+        if s.section == Section::PEAK {
+            writeln!(out, "{}", peak_heading(d))?;
+        }
         let head = [
             s.section.to_string(),
             "base".into(),
@@ -138,6 +298,11 @@ pub fn write_table(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt::Re
         columns(out, &head, &s.rows)?;
         if s.more > 0 {
             writeln!(out, "... {} more changed rows (--top)", s.more)?;
+        }
+        if s.section == Section::HEADLINE {
+            if let Some(p) = &d.parting {
+                writeln!(out, "{}", parting_text(p))?;
+            }
         }
     }
     out.write_char('\n')?;
@@ -170,7 +335,22 @@ pub(super) fn code(s: &str) -> String {
     }
 }
 
+/// A section's table, keys shortened to keep each line within [`MARKDOWN_WIDTH`]; then,
+/// folded, the stack behind each row that has one (a `peak.line` row's largest stack, a
+/// shortened `line:` key's whole stack), a frame per line.
 fn md_table(out: &mut dyn Write, head: &str, rows: &[&Row]) -> fmt::Result {
+    let numbers = rows
+        .iter()
+        .map(|r| {
+            cells(r)[1..]
+                .iter()
+                .map(|c| c.chars().count() + 3)
+                .sum::<usize>()
+        })
+        .max()
+        .unwrap_or(0);
+    // `| `` … `` |` around the key and the escapes of `|` in it: room for 16.
+    let labels = Labels::new(rows, MARKDOWN_WIDTH.saturating_sub(numbers + 16).max(24));
     writeln!(out, "| {head} | base | new | delta | change |")?;
     out.write_str("|:--|--:|--:|--:|--:|\n")?;
     for r in rows {
@@ -178,14 +358,41 @@ fn md_table(out: &mut dyn Write, head: &str, rows: &[&Row]) -> fmt::Result {
         writeln!(
             out,
             "| {} | {} | {} | {} | {} |",
-            code(&c[0]),
+            code(labels.get(r)),
             c[1],
             c[2],
             c[3],
             c[4]
         )?;
     }
-    Ok(())
+    let stacks: Vec<(&str, Vec<&str>)> = rows
+        .iter()
+        .filter_map(|r| {
+            let label = labels.get(r);
+            match &r.stack {
+                Some(stack) => Some((label, stack.split('\n').collect())),
+                None if label != &*r.key => r
+                    .key
+                    .strip_prefix("line:")
+                    .and_then(|k| k.rsplit_once('.'))
+                    .map(|(stack, _)| (label, stack.split(';').collect())),
+                None => None,
+            }
+        })
+        .collect();
+    if stacks.is_empty() {
+        return Ok(());
+    }
+    out.write_str("\n<details><summary>the stacks behind these rows</summary>\n\n")?;
+    for (label, frames) in stacks {
+        writeln!(out, "{}\n", code(&cut_middle(label, MARKDOWN_WIDTH - 10)))?;
+        out.write_str("```text\n")?;
+        for f in frames {
+            writeln!(out, "{}", cut_middle(&f.replace('`', "'"), MARKDOWN_WIDTH))?;
+        }
+        out.write_str("```\n\n")?;
+    }
+    out.write_str("</details>\n")
 }
 
 /// Markdown to post as a pull-request comment: the verdict and violations first, the
@@ -235,14 +442,26 @@ pub fn write_markdown(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt:
         if s.section == Section::HEADLINE {
             md_table(out, "headline", &s.rows)?;
             out.write_char('\n')?;
+            if let Some(p) = &d.parting {
+                writeln!(out, "{}\n", parting_text(p))?;
+            }
             continue;
         }
         if s.rows.is_empty() {
             continue;
         }
+        // The peak's rows are the answer a reviewer came for: open; the rest folded.
+        if s.section == Section::PEAK {
+            writeln!(out, "{}\n", peak_heading(d))?;
+        }
         writeln!(
             out,
-            "<details><summary>{}: {} row(s)</summary>\n",
+            "<details{}><summary>{}: {} row(s)</summary>\n",
+            if s.section == Section::PEAK {
+                " open"
+            } else {
+                ""
+            },
             s.section,
             s.rows.len() + s.more
         )?;

@@ -42,7 +42,7 @@ pub enum RuleProblem {
     #[error("the value is empty")]
     EmptyValue,
     #[error(
-        "unknown metric `{0}`: expected peak_used, peak_acquired (or acquired), allocations, device_allocations, out_of_memory, time, or function:NAME.FIGURE, link:NAME.FIGURE, line:STACK.FIGURE, epoch:N.FIGURE, category:NAME.FIGURE, module:PATH.FIGURE, whatif:DEVICE.FIGURE"
+        "unknown metric `{0}`: expected peak_used, peak_acquired (or acquired), allocations, device_allocations, out_of_memory, time, peak.category.NAME, peak.line.LINE, or function:NAME.FIGURE, link:NAME.FIGURE, line:STACK.FIGURE, epoch:N.FIGURE, category:NAME.FIGURE, module:PATH.FIGURE, whatif:DEVICE.FIGURE"
     )]
     UnknownMetric(String),
     #[error("`{metric}` has no figure: write {scope}:NAME.FIGURE, FIGURE one of {expected}")]
@@ -59,6 +59,8 @@ pub enum RuleProblem {
     },
     #[error("`{0}` names no {1}: the name before the figure is empty")]
     EmptyName(String, &'static str),
+    #[error("`{0}` names nothing: write {1}.NAME, NAME as the diff shows it (`*` matches any)")]
+    NothingNamed(String, &'static str),
     #[error("epoch `{0}` is not an epoch number, `fit:number` (a later fit's epoch) or `*`")]
     BadEpoch(String),
     #[error(
@@ -184,12 +186,23 @@ fn parse_metric(m: &str) -> Result<(String, Quantity), RuleProblem> {
     {
         return Ok((k.figure.to_string(), k.quantity));
     }
+    // `peak.line.NAME`: the name last, and any text (a line holds dots and colons).
+    if let Some((_, k)) = keys.iter().find(|(_, k)| {
+        k.is_named()
+            && m.strip_prefix(k.scope)
+                .is_some_and(|rest| rest.starts_with('.'))
+    }) {
+        if m.len() == k.scope.len() + 1 {
+            return Err(RuleProblem::NothingNamed(m.to_string(), k.scope));
+        }
+        return Ok((m.to_string(), k.quantity));
+    }
     let unknown = || RuleProblem::UnknownMetric(m.to_string());
     let (scope, rest) = m.split_once(':').ok_or_else(unknown)?;
     let figures: Vec<_> = keys
         .iter()
         .map(|(_, k)| k)
-        .filter(|k| !k.scope.is_empty() && k.scope == scope)
+        .filter(|k| !k.scope.is_empty() && !k.is_named() && k.scope == scope)
         .collect();
     let scope = figures.first().map(|k| k.scope).ok_or_else(unknown)?;
     let expected = || {

@@ -29,7 +29,8 @@ impl Quantity {
 }
 
 /// A key a table gives `diff`: `scope:NAME.figure`, or with an empty scope a headline key
-/// `figure` (with the `alias` a rule may use for it).
+/// `figure` (with the `alias` a rule may use for it), or with an empty figure a named key
+/// `scope.NAME` (`peak.category.activation`: the name last, since a line's name holds dots).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiffKey {
     pub scope: &'static str,
@@ -47,6 +48,21 @@ impl DiffKey {
             alias: None,
             quantity,
         }
+    }
+
+    /// `scope.NAME`: one figure per name, the name last.
+    pub const fn named(scope: &'static str, quantity: Quantity) -> DiffKey {
+        DiffKey {
+            scope,
+            figure: "",
+            alias: None,
+            quantity,
+        }
+    }
+
+    /// Whether the key is `scope.NAME` ([`DiffKey::named`]).
+    pub fn is_named(&self) -> bool {
+        self.figure.is_empty() && !self.scope.is_empty()
     }
 
     /// A headline key, `figure` (or `alias`).
@@ -72,6 +88,8 @@ pub struct Section(pub &'static str);
 impl Section {
     /// The headline figures (the `summary` table's).
     pub const HEADLINE: Section = Section("headline");
+    /// What was live at the peak (the `peak` table's figures).
+    pub const PEAK: Section = Section("peak");
 
     /// Every section, in the order they print (a table that gives `diff` no figures, such as
     /// `peak`, has none).
@@ -156,6 +174,9 @@ impl Keys {
 pub struct Figures {
     /// Keys can be long (a `lines` key is its node's whole path): a fast hash, not SipHash.
     pub by_key: FxHashMap<Arc<str>, Figure>,
+    /// The stack behind a key that names only its innermost line (a `peak.line` key): the
+    /// largest of the stacks it sums, outermost frame first.
+    pub stacks: FxHashMap<Arc<str>, Arc<str>>,
     /// Where its keys are held (shared with the other runs of a `diff`).
     keys: Keys,
 }
@@ -187,7 +208,24 @@ impl Figures {
     pub fn empty(keys: &Keys) -> Figures {
         Figures {
             by_key: FxHashMap::default(),
+            stacks: FxHashMap::default(),
             keys: keys.clone(),
+        }
+    }
+
+    /// Adds `scope.name` of table `T`, which declares it ([`DiffKey::named`]), with the
+    /// stack behind it when there is one.
+    pub fn named<T: Table>(&mut self, scope: &str, name: &str, value: i64, stack: Option<&str>) {
+        if let Some(k) = T::FIGURES.iter().find(|k| k.is_named() && k.scope == scope) {
+            let key = self.keys.get(format!("{scope}.{name}"));
+            if let Some(stack) = stack {
+                self.stacks.insert(key.clone(), Arc::from(stack));
+            }
+            self.by_key.entry(key).or_insert(Figure {
+                section: Section(T::SECTION),
+                quantity: k.quantity,
+                value,
+            });
         }
     }
 

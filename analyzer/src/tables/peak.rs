@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::render::{aligned, humanized};
-use super::{DiffKey, Figures, ReportOptions, Table};
+use super::{DiffKey, Figures, Quantity, ReportOptions, Table};
 use crate::read::names::{FrameKind, Phase};
-use crate::replay::{user_line, Profile};
+use crate::replay::{signed, user_line, Profile};
 
 /// Rows shown per grouping.
 const ROWS: usize = 8;
@@ -38,6 +38,13 @@ pub struct Peak {
     /// Whether the replay computed the live bytes at the peak.
     #[serde(skip)]
     pub computed: bool,
+    /// For `diff`: every category's bytes (empty when no stack has a label), untruncated.
+    #[serde(skip)]
+    pub all_categories: Vec<Share>,
+    /// For `diff`: every line's bytes, with the largest stack behind it (its frames outermost
+    /// first, one per line of the text), untruncated.
+    #[serde(skip)]
+    pub all_lines: Vec<(Share, String)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -94,6 +101,8 @@ pub fn peak(p: &Profile) -> Peak {
         return Peak::default();
     }
     let (mut cats, mut lines, mut scopes) = (HashMap::new(), HashMap::new(), HashMap::new());
+    // Per line, its largest stack: (bytes, node).
+    let mut behind: HashMap<String, (u64, usize)> = HashMap::new();
     let mut any_label = false;
     let mut any_scope = false;
     for (i, n) in p.tree.nodes.iter().enumerate() {
@@ -106,7 +115,12 @@ pub fn peak(p: &Profile) -> Peak {
         any_label |= label.is_some();
         let category = label.map_or("(unlabelled)".to_string(), |f| f.name.to_string());
         *cats.entry(category).or_insert(0u64) += bytes;
-        *lines.entry(user_line(&path)).or_insert(0u64) += bytes;
+        let line = user_line(&path);
+        let largest = behind.entry(line.clone()).or_insert((0, i));
+        if bytes > largest.0 {
+            *largest = (bytes, i);
+        }
+        *lines.entry(line).or_insert(0u64) += bytes;
         // A `record_function` range or a scope of the user's (no phase), or a module.
         let scope = path.iter().find(|f| {
             f.kind == FrameKind::Link
@@ -119,6 +133,20 @@ pub fn peak(p: &Profile) -> Peak {
         let scope = scope.map_or("(outside every scope)".to_string(), |f| f.name.to_string());
         *scopes.entry(scope).or_insert(0u64) += bytes;
     }
+    let all_categories = if any_label {
+        top(cats.clone(), usize::MAX)
+    } else {
+        Vec::new()
+    };
+    let all_lines = top(lines.clone(), usize::MAX)
+        .into_iter()
+        .map(|s| {
+            let stack = behind
+                .get(&s.name)
+                .map_or(String::new(), |&(_, node)| stack_text(&p.tree.path(node)));
+            (s, stack)
+        })
+        .collect();
     Peak {
         peak_used_bytes: source.pool.peak_used_bytes,
         live_bytes: live,
@@ -148,7 +176,29 @@ pub fn peak(p: &Profile) -> Peak {
             })
             .collect(),
         computed: true,
+        all_categories,
+        all_lines,
     }
+}
+
+/// A stack as a person reads it, one frame per line, outermost first: a located frame as
+/// `file:line:function`, one without a file (an operator, a module, a scope) by its name, a
+/// phase as `phase: NAME`; its category (a label) is left out, the key says it.
+pub fn stack_text(path: &[&crate::replay::Frame]) -> String {
+    let mut out = String::new();
+    for f in path.iter().filter(|f| f.kind != FrameKind::Label) {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        if super::categories::phase_of(std::iter::once(*f)).is_some() {
+            out.push_str(&format!("phase: {}", f.name));
+        } else if !f.file.is_empty() && f.line > 0 {
+            out.push_str(&format!("{}:{}:{}", f.file, f.line, f.name));
+        } else {
+            out.push_str(&f.name);
+        }
+    }
+    out
 }
 
 fn pct(part: u64, whole: u64) -> String {
@@ -216,7 +266,10 @@ struct ShareRow {
 
 impl Table for Peak {
     const NAME: &'static str = "peak";
-    const FIGURES: &'static [DiffKey] = &[];
+    const FIGURES: &'static [DiffKey] = &[
+        DiffKey::named("peak.category", Quantity::Bytes),
+        DiffKey::named("peak.line", Quantity::Bytes),
+    ];
 
     fn compute(p: &Profile, _: &ReportOptions) -> Peak {
         peak(p)
@@ -249,5 +302,15 @@ impl Table for Peak {
         super::csv::to_csv(&rows)
     }
 
-    fn figures(&self, _: &mut Figures) {}
+    /// What was live at the peak, by category and by line (the user's line and the operator
+    /// under it, [`user_line`]), each with the largest stack behind it.
+    fn figures(&self, out: &mut Figures) {
+        for c in &self.all_categories {
+            out.named::<Self>("peak.category", &c.name, signed(c.bytes), None);
+        }
+        for (l, stack) in &self.all_lines {
+            let stack = (!stack.is_empty()).then_some(stack.as_str());
+            out.named::<Self>("peak.line", &l.name, signed(l.bytes), stack);
+        }
+    }
 }
