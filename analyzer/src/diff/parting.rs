@@ -97,11 +97,15 @@ pub struct Parting {
     pub margin: String,
     /// What was found; `None` when the new run never goes over the base by the margin.
     pub at: Option<PartingPoint>,
+    /// Whether the runs were lined up step by step (both have the same steps); else by the
+    /// share of the whole run elapsed.
+    pub by_steps: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PartingPoint {
-    /// The step both runs were in (their epoch number), if they were lined up by steps.
+    /// The step both runs were in (their epoch number), if they were lined up by steps; `None`
+    /// before the first step or when lined up by time alone ([`Parting::by_steps`]).
     pub step: Option<u32>,
     /// How far into the step (or into the run) both were, as a share of its time (0 to 1).
     pub share: f64,
@@ -185,6 +189,7 @@ pub fn parting(base: &Timeline, new: &Timeline, margin: (u64, String)) -> Partin
     Parting {
         margin_bytes: margin.0,
         margin: margin.1,
+        by_steps: same_steps,
         at,
     }
 }
@@ -233,7 +238,9 @@ mod tests {
             &[(0, 0), (15, 50), (30, 0), (38, 90), (40, 0), (45, 0)],
             &[(1, 5, 30), (2, 30, 45)],
         );
-        let at = parting(&base, &new, (10, "m".into())).at.expect("parts");
+        let p = parting(&base, &new, (10, "m".into()));
+        assert!(p.by_steps);
+        let at = p.at.expect("parts");
         assert_eq!(at.step, Some(2));
         assert_eq!((at.base_bytes, at.new_bytes), (50, 90));
         assert_eq!(at.new_ns, 38);

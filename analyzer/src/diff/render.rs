@@ -246,6 +246,10 @@ fn parting_text(p: &Parting) -> String {
             let when = match at.step {
                 Some(step) => format!("in step {step}, {:.0}% into it", at.share * 100.0),
                 None if at.share == 0.0 => "from the start".to_string(),
+                None if p.by_steps => format!(
+                    "before the first step, {:.0}% into the time before it",
+                    at.share * 100.0
+                ),
                 None => format!("{:.0}% into the run", at.share * 100.0),
             };
             let more = (at.new_bytes - at.base_bytes).max(0) as u64;
