@@ -119,3 +119,43 @@ fn a_path_that_is_gone_is_caught() {
     assert_eq!(named.len(), 5, "{named:?}");
     assert_eq!(missing(&named, &tree), ["read/load.rs", "scope.rs"]);
 }
+
+/// The comment text of a Rust source: every line that is a `//` comment (`//!` and `///`
+/// included; a comment after code on its line is not read, nor are strings).
+fn comments(source: &str) -> String {
+    (source.lines())
+        .filter_map(|l| l.trim_start().strip_prefix("//"))
+        .map(|c| c.trim_start_matches(['/', '!']))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn no_comment_names_a_rust_file_that_is_gone() {
+    // Rust files only: comments also name PyTorch's sources (`CUDACachingAllocator.cpp`), and
+    // the project's Python and pages are checked by the page above and by their tests.
+    let tree = tree();
+    let mut gone = Vec::new();
+    let mut named_any = 0;
+    for file in tree.iter().filter(|p| p.ends_with(".rs")) {
+        let text = std::fs::read_to_string(root().join(file)).expect("a source");
+        let named: Vec<String> = (named_paths(&comments(&text)).into_iter())
+            .filter(|n| n.ends_with(".rs"))
+            .collect();
+        named_any += named.len();
+        gone.extend(
+            missing(&named, &tree)
+                .into_iter()
+                .map(|n| format!("{file}: {n}")),
+        );
+    }
+    assert!(named_any > 20, "comments name {named_any} Rust files");
+    assert!(
+        gone.is_empty(),
+        "comments name Rust files that do not exist: {gone:?}"
+    );
+    assert_eq!(
+        comments("// see `gone.rs`\n//! `here.rs`\nlet s = \"`x.rs`\"; // `after.rs`"),
+        " see `gone.rs`\n `here.rs`"
+    );
+}

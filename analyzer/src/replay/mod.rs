@@ -9,8 +9,8 @@
 //!   every thread merged by timestamp, with the epoch marks in between. Each window merges its
 //!   stretch of time (a k-way merge that takes runs of one thread's events while no other
 //!   thread's event is earlier), counting bytes from zero; the windows' figures are then
-//!   combined in order (`ordered.rs`). A trace the windows cannot stand
-//!   for (a thread going back in time, bytes that would saturate) is merged on one thread
+//!   combined in order (`Timeline::from_windows`, `window_fold.rs`). A trace the windows cannot
+//!   stand for (a thread going back in time, bytes that would saturate) is merged on one thread
 //!   instead, beside a per-stack pass parallel over chunks: the figures are the same either
 //!   way, which `tests/integration/windows.rs` checks on traces cut into windows of every size.
 //!
