@@ -159,3 +159,15 @@ fn no_comment_names_a_rust_file_that_is_gone() {
         " see `gone.rs`\n `here.rs`"
     );
 }
+
+#[test]
+fn the_readme_is_a_front_page() {
+    // The front page: what poolsight does and the first command of each use, 250 lines at
+    // most; benchmark tables and long recipes live in docs/.
+    let text = std::fs::read_to_string(root().join("README.md")).expect("the README");
+    let lines = text.lines().count();
+    assert!(
+        lines <= 250,
+        "README.md is {lines} lines: move the detail to docs/"
+    );
+}
