@@ -26,6 +26,7 @@ pub mod load;
 pub mod read;
 pub mod replay;
 pub mod tables;
+pub mod units;
 pub mod views;
 pub mod whatif;
 

@@ -487,6 +487,23 @@ pub fn profiler_location(name: &str) -> Option<(&str, u32, &str)> {
     Some((file, line.parse().ok()?, function))
 }
 
+/// A path as shown in frames: from the package on for a file inside an installed package
+/// (`.../site-packages/torch/nn/modules/conv.py` reads `torch/nn/modules/conv.py`), else as
+/// recorded.
+pub fn short_file(file: &str) -> &str {
+    [
+        "site-packages/",
+        "dist-packages/",
+        "site-packages\\",
+        "dist-packages\\",
+    ]
+    .iter()
+    .filter_map(|m| file.rfind(m).map(|i| i + m.len()))
+    .max()
+    .filter(|&at| at < file.len())
+    .map_or(file, |at| &file[at..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

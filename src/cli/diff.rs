@@ -7,9 +7,9 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use poolsight::analyzer::diff::{self, Figures, Keys, Rule, Section, ShowOptions, Timeline};
 use poolsight::analyzer::load::incomplete;
-use poolsight::analyzer::tables::{Report, ReportOptions};
+use poolsight::analyzer::tables::{self, Report, ReportOptions};
 use poolsight::analyzer::views::flamegraph::{self, FlameError, Metric};
-use poolsight::analyzer::whatif::{self, Recorded, Settings};
+use poolsight::analyzer::whatif::{Recorded, Settings};
 use poolsight::analyzer::{views::html, Profile, ReplayOptions, Trace};
 
 use super::load::Reading;
@@ -226,7 +226,7 @@ fn figures(
         let mut f = Figures::sharing(&Report::compute(&profile, &opts), keys);
         if let Some(m) = model {
             let recorded = Recorded::of_trace(&trace);
-            let w = whatif::figures::figures(&trace, &recorded, m.setting, m.capacity);
+            let w = tables::whatif_figures::figures(&trace, &recorded, m.setting, m.capacity);
             f.by_key.extend(w.by_key);
         }
         figures.push(f);

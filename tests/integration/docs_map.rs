@@ -171,3 +171,67 @@ fn the_readme_is_a_front_page() {
         "README.md is {lines} lines: move the detail to docs/"
     );
 }
+
+/// The analyzer's modules, bottom layer first; a module may use its own layer's and those
+/// below (docs/architecture.md says the same, in this order).
+const LAYERS: [&[&str]; 6] = [
+    &["units", "read"],
+    &["replay"],
+    &["load"],
+    &["whatif"],
+    &["tables"],
+    &["views", "export", "diff"],
+];
+
+/// (module, the modules it names by `crate::` paths outside comments), for each file of the
+/// analyzer's sources.
+fn analyzer_uses() -> Vec<(String, String, String)> {
+    let src = root().join("analyzer/src");
+    let mut out = Vec::new();
+    for file in tree()
+        .iter()
+        .filter(|p| p.starts_with("analyzer/src/") && p.ends_with(".rs"))
+    {
+        let rel = &file["analyzer/src/".len()..];
+        let own = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let text = std::fs::read_to_string(src.join(rel)).expect("a source");
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            assert!(
+                !line.contains("crate::{"),
+                "{file}: name each module by its own path"
+            );
+            for used in line.split("crate::").skip(1) {
+                let m: String = used
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if !m.is_empty() && m != own {
+                    out.push((file.clone(), own.to_string(), m));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_analyzer_module_uses_one_above_it() {
+    let rank = |m: &str| LAYERS.iter().position(|l| l.contains(&m));
+    let uses = analyzer_uses();
+    assert!(uses.len() > 50, "{} uses", uses.len());
+    let against: Vec<String> = uses
+        .iter()
+        .filter(|(_, own, used)| match (rank(own), rank(used)) {
+            (Some(a), Some(b)) => b > a,
+            _ => true,
+        })
+        .map(|(file, _, used)| format!("{file} uses crate::{used}"))
+        .collect();
+    assert!(against.is_empty(), "against the layering: {against:?}");
+    let page = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the page");
+    let said = "`units` and `read`, then `replay`, `load`, `whatif`,\n`tables`, and on top `views`, `export` and `diff`";
+    assert!(
+        page.contains(said),
+        "docs/architecture.md states the layers in LAYERS' order"
+    );
+}

@@ -17,7 +17,7 @@
 //! | `line:STACK.used`, `.acquired` (STACK: `file:line:function` frames joined by `;`) | lines | bytes |
 //! | `line:STACK.live_at_peak`: bytes allocated there still live at the peak | lines | bytes |
 //! | `epoch:N.gpu_used`, `.gpu_peak`, `.cpu_used`, `.cpu_peak` | epochs | bytes |
-//! | `whatif:DEVICE.reserved_peak`, `.allocated_peak`, `.fragmentation`, `.inactive_split`, `.min_capacity` (with `diff --whatif`: the run replayed through PyTorch's allocator, [`crate::whatif::figures`]) | whatif | bytes |
+//! | `whatif:DEVICE.reserved_peak`, `.allocated_peak`, `.fragmentation`, `.inactive_split`, `.min_capacity` (with `diff --whatif`: the run replayed through PyTorch's allocator, [`crate::tables::whatif_figures`]) | whatif | bytes |
 //! | `whatif:DEVICE.failures` | whatif | count |
 //!
 //! Keys never hold an address or a trace-local id, so two runs of the same program give the

@@ -381,7 +381,7 @@ pub fn user_line(frames: &[&Frame]) -> String {
 }
 
 fn human(b: u64) -> String {
-    crate::tables::render::humanized(b)
+    crate::units::humanized(b)
 }
 
 /// Which allocator setting would plausibly help, and why, from the figures alone.

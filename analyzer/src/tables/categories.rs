@@ -39,7 +39,7 @@ use crate::read::names::{FrameKind, Phase};
 use crate::replay::{signed, CallBytes, CallTree, Frame, Profile};
 use crate::tables::csv::to_csv;
 use crate::tables::render::humanized;
-use crate::views::flamegraph::short_file;
+use poolsight_frames::short_file;
 
 /// What the categories of allocations without a label are called.
 pub const UNLABELLED: &str = "(unlabelled)";

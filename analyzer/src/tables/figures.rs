@@ -97,7 +97,7 @@ impl Section {
         super::each_table(|t| (!t.diff_keys().is_empty()).then(|| t.section()))
             .into_iter()
             .flatten()
-            .chain([crate::whatif::figures::SECTION])
+            .chain([super::whatif_figures::SECTION])
             .collect()
     }
 
@@ -270,9 +270,9 @@ pub fn diff_keys() -> Vec<(Section, DiffKey)> {
         .into_iter()
         .flatten()
         .chain(
-            crate::whatif::figures::DIFF_KEYS
+            super::whatif_figures::DIFF_KEYS
                 .iter()
-                .map(|k| (crate::whatif::figures::SECTION, *k)),
+                .map(|k| (super::whatif_figures::SECTION, *k)),
         )
         .collect()
 }

@@ -25,6 +25,7 @@ pub mod peak;
 pub mod render;
 pub mod summary;
 pub mod timers;
+pub mod whatif_figures;
 
 use std::marker::PhantomData;
 

@@ -18,6 +18,8 @@ use inferno::flamegraph::{self as inferno_fg, Options, TextTruncateDirection};
 use crate::read::names::FrameKind;
 use crate::replay::{CallTree, Frame, Profile};
 
+pub use poolsight_frames::short_file;
+
 /// What a flamegraph's widths measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Metric {
@@ -139,23 +141,6 @@ pub fn frame_display(frame: &Frame) -> String {
     } else {
         format!("{} ({file}:{})", frame.name, frame.line)
     }
-}
-
-/// A path as shown in frames: from the package on for a file inside an installed package
-/// (`.../site-packages/torch/nn/modules/conv.py` reads `torch/nn/modules/conv.py`), else as
-/// recorded.
-pub fn short_file(file: &str) -> &str {
-    [
-        "site-packages/",
-        "dist-packages/",
-        "site-packages\\",
-        "dist-packages\\",
-    ]
-    .iter()
-    .filter_map(|m| file.rfind(m).map(|i| i + m.len()))
-    .max()
-    .filter(|&at| at < file.len())
-    .map_or(file, |at| &file[at..])
 }
 
 fn sanitize(field: &str) -> String {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::devices::{devices, CapacitySource};
 use super::{replay_device, Allocator, Recorded, Settings};
 use crate::read::Trace;
-use crate::tables::render::humanized as human;
+use crate::units::humanized as human;
 
 /// One setting replayed on the device of an out-of-memory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

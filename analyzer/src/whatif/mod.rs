@@ -8,13 +8,13 @@
 //! `segments`, which the importer hands back); rendered apart ([`render`]).
 //!
 //! - [`devices`]: a trace's devices as requests, with their capacity;
-//! - [`figures`]: the figures `diff` compares (its `whatif` section);
+//! - the figures `diff` compares (its `whatif` section) are a table's:
+//!   [`crate::tables::whatif_figures`];
 //! - [`advice`]: what the model says at an out-of-memory (`oom`'s advice).
 
 pub mod advice;
 mod check;
 pub mod devices;
-pub mod figures;
 pub mod render;
 
 use rayon::prelude::*;

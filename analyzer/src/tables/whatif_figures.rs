@@ -4,10 +4,10 @@
 //! same file on both sides, a setting per side), and a CI rule gates on it like any figure:
 //! `whatif:*.reserved_peak>+5%`, `whatif:*.failures>0`.
 
-use super::devices::devices;
-use super::{replay_device, Allocator, Recorded, Settings};
+use super::{DiffKey, Figures, Quantity, Section};
 use crate::read::Trace;
-use crate::tables::{DiffKey, Figures, Quantity, Section};
+use crate::whatif::devices::devices;
+use crate::whatif::{replay_device, Allocator, Recorded, Settings};
 
 /// The section of `diff` these figures print in, after the tables'.
 pub const SECTION: Section = Section("whatif");
