@@ -191,7 +191,13 @@ impl Labels {
             let n = count.entry(label.clone()).or_default();
             *n += 1;
             if *n > 1 {
-                label.push_str(&format!("~{n}"));
+                // Numbered within the width: the label cut again to make room.
+                let suffix = format!("~{n}");
+                let room = width.saturating_sub(suffix.len());
+                if label.chars().count() > room {
+                    *label = cut_middle(label, room);
+                }
+                label.push_str(&suffix);
             }
         }
         let shortened = rows
@@ -476,4 +482,47 @@ pub fn write_markdown(out: &mut dyn Write, d: &Diff, opts: &ShowOptions) -> fmt:
         out.write_str("\n</details>\n\n")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn row(key: String) -> Row {
+        Row {
+            base: Some(1),
+            delta: 1,
+            delta_pct: Some(100.0),
+            key: Arc::from(key),
+            new: Some(2),
+            quantity: Quantity::Bytes,
+            section: Section("lines"),
+            stack: None,
+        }
+    }
+
+    #[test]
+    fn shortened_keys_fit_their_width_and_stay_unique() {
+        // Stacks that differ only in the middle: cut alike, then numbered, within the width.
+        let rows: Vec<Row> = (0..12)
+            .map(|i| {
+                let outer = "a/very/long/path/train.py:1:main;".repeat(4);
+                let inner = "model.py:9:forward;".repeat(4);
+                let long = "x".repeat(40);
+                row(format!("line:{outer}{long}{i}.py:1:f;{inner}aten::mm.used"))
+            })
+            .collect();
+        let refs: Vec<&Row> = rows.iter().collect();
+        let labels = Labels::new(&refs, 60);
+        let shown: Vec<&str> = refs.iter().map(|r| labels.get(r)).collect();
+        assert!(labels.shortened);
+        assert!(shown.iter().any(|l| l.contains('~')), "{shown:#?}");
+        for l in &shown {
+            assert!(l.chars().count() <= 60, "{l}: {}", l.chars().count());
+        }
+        let unique: std::collections::HashSet<_> = shown.iter().collect();
+        assert_eq!(unique.len(), shown.len(), "{shown:#?}");
+    }
 }
