@@ -235,3 +235,33 @@ fn no_analyzer_module_uses_one_above_it() {
         "docs/architecture.md states the layers in LAYERS' order"
     );
 }
+
+#[test]
+fn every_key_diff_compares_is_in_the_rules_table() {
+    // docs/ci.md's table of METRICs: every key a rule can name, as `diff` makes them.
+    let page = std::fs::read_to_string(root().join("docs/ci.md")).expect("the page");
+    let start = page.find("| METRIC | what |").expect("the rules table");
+    let table: String = (page[start..].lines())
+        .take_while(|l| l.starts_with('|'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let keys = poolsight::analyzer::tables::diff_keys();
+    assert!(keys.len() > 25, "{} keys", keys.len());
+    let mut undocumented = Vec::new();
+    for (_, k) in &keys {
+        let said = if k.is_named() {
+            table.contains(&format!("`{}.", k.scope))
+        } else if k.scope.is_empty() {
+            table.contains(&format!("`{}`", k.figure))
+        } else {
+            table.contains(&format!("`{}:", k.scope)) && table.contains(&format!(".{}`", k.figure))
+        };
+        if !said {
+            undocumented.push(format!("{}:{}", k.scope, k.figure));
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "docs/ci.md's rules table lacks {undocumented:?}"
+    );
+}
