@@ -265,3 +265,61 @@ fn every_key_diff_compares_is_in_the_rules_table() {
         "docs/ci.md's rules table lacks {undocumented:?}"
     );
 }
+
+/// The `poolsight*` crates a Cargo.toml's `[dependencies]` names, sorted.
+fn poolsight_dependencies(manifest: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+            continue;
+        }
+        let name = line.split(['=', '.', ' ']).next().unwrap_or("");
+        if inside && name.starts_with("poolsight") {
+            out.push(name.to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn the_crate_table_is_each_cargo_toml() {
+    let page = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the page");
+    let start = page
+        .find("| crate | depends on |")
+        .expect("the crate table");
+    let mut said = std::collections::BTreeMap::new();
+    for row in page[start..]
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+    {
+        let cells: Vec<&str> = row.trim_matches('|').split('|').map(str::trim).collect();
+        let mut deps: Vec<String> = (cells[1].split(", "))
+            .filter(|d| *d != "—")
+            .map(String::from)
+            .collect();
+        deps.sort();
+        said.insert(cells[0].to_string(), deps);
+    }
+    let mut found = std::collections::BTreeMap::new();
+    for manifest in tree().iter().filter(|p| p.ends_with("Cargo.toml")) {
+        let text = std::fs::read_to_string(root().join(manifest)).expect("a manifest");
+        let Some(name) = (text.lines())
+            .skip_while(|l| l.trim() != "[package]")
+            .find_map(|l| l.trim().strip_prefix("name = "))
+        else {
+            continue; // a manifest of a workspace alone names no crate
+        };
+        found.insert(
+            name.trim_matches('"').to_string(),
+            poolsight_dependencies(&text),
+        );
+    }
+    assert_eq!(
+        said, found,
+        "docs/architecture.md's crate table against the Cargo.toml files"
+    );
+}
