@@ -144,17 +144,16 @@ pub fn parting(base: &Timeline, new: &Timeline, margin: (u64, String)) -> Partin
         .zip(new.spans(same_steps))
     {
         let (lb, ln) = (b.1.saturating_sub(b.0), n.1.saturating_sub(n.0));
-        if lb == 0 || ln == 0 {
-            continue;
-        }
-        // Every bucket start of either run inside the span, as the share of it elapsed.
+        // Every bucket start of either run inside the span, as the share of it elapsed. A
+        // span of no time (a snapshot dumped without its history) is the one level it holds
+        // throughout.
         let share = |t: u64, begin: u64, len: u64| (t - begin) as f64 / len as f64;
         let mut shares: Vec<f64> = (base.points.iter())
-            .filter(|p| p.0 >= b.0 && p.0 <= b.1)
+            .filter(|p| lb > 0 && p.0 >= b.0 && p.0 <= b.1)
             .map(|p| share(p.0, b.0, lb))
             .chain(
                 (new.points.iter())
-                    .filter(|p| p.0 >= n.0 && p.0 <= n.1)
+                    .filter(|p| ln > 0 && p.0 >= n.0 && p.0 <= n.1)
                     .map(|p| share(p.0, n.0, ln)),
             )
             .collect();
@@ -263,6 +262,20 @@ mod tests {
             parting(&base, &new, (10, "m".into())).at.unwrap().new_ns,
             30
         );
+    }
+
+    #[test]
+    fn a_base_without_history_is_its_one_level() {
+        // An out-of-memory dump: what it held, at one instant.
+        let base = line(&[(0, 100)], &[]);
+        let new = line(&[(0, 0), (10, 100), (20, 200), (30, 50)], &[]);
+        let at = parting(&base, &new, (10, "m".into())).at.expect("parts");
+        assert_eq!((at.new_ns, at.base_bytes, at.new_bytes), (20, 100, 200));
+        // And the new side: a dump holding more than the base ever did.
+        let dump = line(&[(0, 300)], &[]);
+        let at = parting(&new, &dump, (10, "m".into())).at.expect("parts");
+        assert_eq!((at.base_bytes, at.new_bytes), (0, 300));
+        assert_eq!(parting(&dump, &dump, (10, "m".into())).at, None);
     }
 
     #[test]

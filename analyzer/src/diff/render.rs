@@ -90,7 +90,7 @@ fn columns(out: &mut dyn Write, head: &[String; 5], rows: &[&Row]) -> fmt::Resul
     }
     let numbers: usize = widths[1..].iter().map(|w| w + 2).sum();
     let labels = Labels::new(rows, TABLE_WIDTH.saturating_sub(numbers).max(24));
-    widths[0] = (rows.iter().map(|r| labels.get(r).chars().count()))
+    widths[0] = (labels.shown.iter().map(|l| l.chars().count()))
         .chain([head[0].chars().count()])
         .max()
         .unwrap_or(0);
@@ -105,8 +105,8 @@ fn columns(out: &mut dyn Write, head: &[String; 5], rows: &[&Row]) -> fmt::Resul
         out.write_char('\n')
     };
     row(out, &head[0], head)?;
-    for r in rows {
-        row(out, labels.get(r), &cells(r))?;
+    for (i, r) in rows.iter().enumerate() {
+        row(out, labels.get(i), &cells(r))?;
     }
     if labels.shortened {
         out.write_str("(keys with … are shortened; --format json gives them whole)\n")?;
@@ -129,29 +129,29 @@ fn cells(r: &Row) -> [String; 5] {
 /// unique), any other key cut in the middle; a key still shared after that gets `~N`.
 /// Rules name keys whole: a shortened one says so with its `…`.
 struct Labels {
-    shown: FxHashMap<*const Row, String>,
+    /// By the rows' order.
+    shown: Vec<String>,
     shortened: bool,
+}
+
+/// A `line:` key's stack and figure: `line:a.py:1:f;b.py:2:g.used` is (`a.py:1:f;b.py:2:g`,
+/// `used`).
+fn line_key(key: &str) -> Option<(&str, &str)> {
+    key.strip_prefix("line:")?.rsplit_once('.')
 }
 
 impl Labels {
     fn new(rows: &[&Row], width: usize) -> Labels {
-        let mut shown: FxHashMap<*const Row, String> = FxHashMap::default();
+        let mut shown: Vec<String> = rows.iter().map(|r| r.key.to_string()).collect();
         // `line:` stacks too wide: (row, frames, figure, innermost frames kept).
-        let mut pending: Vec<(&Row, Vec<&str>, &str, usize)> = Vec::new();
-        for &r in rows {
-            let key: &str = &r.key;
-            if key.chars().count() <= width {
-                shown.insert(r, key.to_string());
+        let mut pending: Vec<(usize, Vec<&str>, &str, usize)> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            if r.key.chars().count() <= width {
                 continue;
             }
-            match key
-                .strip_prefix("line:")
-                .and_then(|rest| rest.rsplit_once('.'))
-            {
-                Some((stack, figure)) => pending.push((r, stack.split(';').collect(), figure, 1)),
-                None => {
-                    shown.insert(r, cut_middle(key, width));
-                }
+            match line_key(&r.key) {
+                Some((stack, figure)) => pending.push((i, stack.split(';').collect(), figure, 1)),
+                None => shown[i] = cut_middle(&r.key, width),
             }
         }
         let innermost = |frames: &[&str], k: usize, figure: &str| {
@@ -179,15 +179,12 @@ impl Labels {
                 break;
             }
         }
-        for (r, frames, figure, k) in &pending {
-            shown.insert(*r, cut_middle(&innermost(frames, *k, figure), width));
+        for (i, frames, figure, k) in &pending {
+            shown[*i] = cut_middle(&innermost(frames, *k, figure), width);
         }
         // Whatever still reads the same (cut in the middle alike): numbered.
         let mut count: FxHashMap<String, usize> = FxHashMap::default();
-        for &r in rows {
-            let Some(label) = shown.get_mut(&(r as *const Row)) else {
-                continue;
-            };
+        for label in &mut shown {
             let n = count.entry(label.clone()).or_default();
             *n += 1;
             if *n > 1 {
@@ -200,14 +197,13 @@ impl Labels {
                 label.push_str(&suffix);
             }
         }
-        let shortened = rows
-            .iter()
-            .any(|r| shown.get(&(*r as *const Row)).is_some_and(|l| *l != *r.key));
+        let shortened = (rows.iter().zip(&shown)).any(|(r, l)| *l != *r.key);
         Labels { shown, shortened }
     }
 
-    fn get<'a>(&'a self, r: &'a Row) -> &'a str {
-        self.shown.get(&(r as *const Row)).map_or(&r.key, |l| l)
+    /// The label of the `i`th row.
+    fn get(&self, i: usize) -> &str {
+        &self.shown[i]
     }
 }
 
@@ -225,7 +221,6 @@ fn cut_middle(text: &str, width: usize) -> String {
     format!("{start}…{end}")
 }
 
-/// The "where they part" line ([`super::parting`]).
 /// The peak section's heading: how far the peak moved, then what its rows are.
 fn peak_heading(d: &Diff) -> String {
     let moved = (d.rows.iter())
@@ -242,6 +237,7 @@ fn peak_heading(d: &Diff) -> String {
     }
 }
 
+/// The "where they part" line ([`super::parting`]).
 fn parting_text(p: &Parting) -> String {
     let margin = format!("{}, {}", humanized(p.margin_bytes), p.margin);
     match &p.at {
@@ -363,29 +359,26 @@ fn md_table(out: &mut dyn Write, head: &str, rows: &[&Row]) -> fmt::Result {
     let labels = Labels::new(rows, MARKDOWN_WIDTH.saturating_sub(numbers + 16).max(24));
     writeln!(out, "| {head} | base | new | delta | change |")?;
     out.write_str("|:--|--:|--:|--:|--:|\n")?;
-    for r in rows {
+    for (i, r) in rows.iter().enumerate() {
         let c = cells(r);
         writeln!(
             out,
             "| {} | {} | {} | {} | {} |",
-            code(labels.get(r)),
+            code(labels.get(i)),
             c[1],
             c[2],
             c[3],
             c[4]
         )?;
     }
-    let stacks: Vec<(&str, Vec<&str>)> = rows
-        .iter()
-        .filter_map(|r| {
-            let label = labels.get(r);
+    let stacks: Vec<(&str, Vec<&str>)> = (rows.iter().enumerate())
+        .filter_map(|(i, r)| {
+            let label = labels.get(i);
             match &r.stack {
                 Some(stack) => Some((label, stack.split('\n').collect())),
-                None if label != &*r.key => r
-                    .key
-                    .strip_prefix("line:")
-                    .and_then(|k| k.rsplit_once('.'))
-                    .map(|(stack, _)| (label, stack.split(';').collect())),
+                None if label != &*r.key => {
+                    line_key(&r.key).map(|(stack, _)| (label, stack.split(';').collect()))
+                }
                 None => None,
             }
         })
@@ -516,7 +509,7 @@ mod tests {
             .collect();
         let refs: Vec<&Row> = rows.iter().collect();
         let labels = Labels::new(&refs, 60);
-        let shown: Vec<&str> = refs.iter().map(|r| labels.get(r)).collect();
+        let shown: Vec<&str> = (0..refs.len()).map(|i| labels.get(i)).collect();
         assert!(labels.shortened);
         assert!(shown.iter().any(|l| l.contains('~')), "{shown:#?}");
         for l in &shown {

@@ -71,20 +71,24 @@ impl Peak {
     }
 }
 
-fn top(map: HashMap<String, u64>, keep: usize) -> Vec<Share> {
+/// Every entry of `map` with bytes, largest first (then by name).
+fn ranked(map: HashMap<String, u64>) -> Vec<Share> {
     let mut v: Vec<Share> = map
         .into_iter()
         .filter(|(_, b)| *b > 0)
         .map(|(name, bytes)| Share { name, bytes })
         .collect();
     v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
-    if v.len() > keep {
-        let rest: u64 = v[keep..].iter().map(|s| s.bytes).sum();
-        let n = v.len() - keep;
-        v.truncate(keep);
+    v
+}
+
+/// The first `keep` of `ranked`, the rest summed in one `(N more)` row.
+fn top(ranked: &[Share], keep: usize) -> Vec<Share> {
+    let mut v = ranked[..keep.min(ranked.len())].to_vec();
+    if ranked.len() > keep {
         v.push(Share {
-            name: format!("({n} more)"),
-            bytes: rest,
+            name: format!("({} more)", ranked.len() - keep),
+            bytes: ranked[keep..].iter().map(|s| s.bytes).sum(),
         });
     }
     v
@@ -133,13 +137,9 @@ pub fn peak(p: &Profile) -> Peak {
         let scope = scope.map_or("(outside every scope)".to_string(), |f| f.name.to_string());
         *scopes.entry(scope).or_insert(0u64) += bytes;
     }
-    let all_categories = if any_label {
-        top(cats.clone(), usize::MAX)
-    } else {
-        Vec::new()
-    };
-    let all_lines = top(lines.clone(), usize::MAX)
-        .into_iter()
+    let all_categories = if any_label { ranked(cats) } else { Vec::new() };
+    let by_line = ranked(lines);
+    let all_lines = (by_line.iter().cloned())
         .map(|s| {
             let stack = behind
                 .get(&s.name)
@@ -152,14 +152,10 @@ pub fn peak(p: &Profile) -> Peak {
         live_bytes: live,
         ranks: p.sources.len(),
         peak_ns: source.pool.peak_used_ns,
-        by_category: if any_label {
-            top(cats, ROWS)
-        } else {
-            Vec::new()
-        },
-        by_line: top(lines, ROWS),
+        by_category: top(&all_categories, ROWS),
+        by_line: top(&by_line, ROWS),
         by_scope: if any_scope {
-            top(scopes, ROWS)
+            top(&ranked(scopes), ROWS)
         } else {
             Vec::new()
         },
