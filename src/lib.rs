@@ -4,11 +4,19 @@
 //! Library users who only record or analyze can turn off the default `cli` feature, which only
 //! the `poolsight` command needs ([`cli`]: the binary and the Python package run it).
 
-pub use poolsight_analyzer as analyzer;
 pub use poolsight_import as import;
 pub use poolsight_pool as pool;
 pub use poolsight_recorder as recorder;
 pub use poolsight_schema as schema;
+
+/// The read side, under one name: the analyzer (`poolsight-analyzer`: loading, replay, the
+/// report tables, diff, what-if) with the reader (`read`), the pictures (`views`) and the
+/// exports (`export`), each its own crate.
+pub mod analyzer {
+    pub use poolsight_analyzer::*;
+    pub use poolsight_export as export;
+    pub use poolsight_views as views;
+}
 
 mod finish;
 pub use finish::{pack_finished, FinishError, FinishPacked, PackedRecording};

@@ -173,14 +173,14 @@ fn the_readme_is_a_front_page() {
 }
 
 /// The analyzer's modules, bottom layer first; a module may use its own layer's and those
-/// below (docs/architecture.md says the same, in this order).
+/// below (docs/architecture.md says the same, in this order). `read` is the reader's crate.
 const LAYERS: [&[&str]; 6] = [
     &["units", "read"],
     &["replay"],
     &["load"],
     &["whatif"],
     &["tables"],
-    &["views", "export", "diff"],
+    &["diff"],
 ];
 
 /// (module, the modules it names by `crate::` paths outside comments), for each file of the
@@ -229,7 +229,7 @@ fn no_analyzer_module_uses_one_above_it() {
         .collect();
     assert!(against.is_empty(), "against the layering: {against:?}");
     let page = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the page");
-    let said = "`units` and `read`, then `replay`, `load`, `whatif`,\n`tables`, and on top `views`, `export` and `diff`";
+    let said = "`units` and `read` (the reader crate), then `replay`,\n`load`, `whatif`, `tables`, and on top `diff`";
     assert!(
         page.contains(said),
         "docs/architecture.md states the layers in LAYERS' order"
@@ -282,6 +282,64 @@ fn poolsight_dependencies(manifest: &str) -> Vec<String> {
     }
     out.sort();
     out
+}
+
+/// Each crate's manifest by crate name.
+fn manifests() -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    for manifest in tree().iter().filter(|p| p.ends_with("Cargo.toml")) {
+        let text = std::fs::read_to_string(root().join(manifest)).expect("a manifest");
+        let Some(name) = (text.lines())
+            .skip_while(|l| l.trim() != "[package]")
+            .find_map(|l| l.trim().strip_prefix("name = "))
+        else {
+            continue; // a manifest of a workspace alone names no crate
+        };
+        out.insert(name.trim_matches('"').to_string(), text);
+    }
+    out
+}
+
+/// The external crates a manifest's `[dependencies]` names.
+fn external_dependencies(manifest: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+            continue;
+        }
+        let name = line.split(['=', '.', ' ']).next().unwrap_or("");
+        if inside && !name.is_empty() && !name.starts_with('#') && !name.starts_with("poolsight") {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn only_views_and_export_link_inferno_arrow_or_parquet() {
+    // What only wants a trace read, or its figures, compiles none of them: the analyzer and
+    // every project crate it depends on, followed through their manifests.
+    let manifests = manifests();
+    let heavy = |d: &str| d == "inferno" || d == "parquet" || d.starts_with("arrow");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec!["poolsight-analyzer".to_string()];
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let text = &manifests[&name];
+        let linked: Vec<String> = (external_dependencies(text).into_iter())
+            .filter(|d| heavy(d))
+            .collect();
+        assert!(linked.is_empty(), "{name} depends on {linked:?}");
+        todo.extend(poolsight_dependencies(text));
+    }
+    assert!(seen.contains("poolsight-reader"), "{seen:?}");
+    // And the crates that draw and export do link them: the test would catch a rename.
+    assert!(external_dependencies(&manifests["poolsight-views"]).contains(&"inferno".into()));
+    assert!(external_dependencies(&manifests["poolsight-export"]).contains(&"parquet".into()));
 }
 
 #[test]

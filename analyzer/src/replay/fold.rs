@@ -3,8 +3,8 @@
 //! counts memory takes its kinds from here — the time-ordered pass and its windows
 //! (`timeline.rs`, `window_fold.rs`) through the ledger, the per-stack counters (`stacks.rs`),
 //! the live-block walks (`categories.rs`, `live.rs`, through the timeline's tracking), `oom.rs`,
-//! `requests.rs` and the Parquet rows (`export/dataset/events.rs`, [`row_bytes`]) — so a kind
-//! that changes the figures is taught to this file.
+//! `requests.rs` and the Parquet rows (`analyzer/export/src/dataset/events.rs`,
+//! [`row_bytes`]) — so a kind that changes the figures is taught to this file.
 
 use poolsight_schema::fb;
 
@@ -79,7 +79,7 @@ fn served(e: &fb::MemEvent) -> bool {
 /// The bytes a row of the event shows (the Parquet `mem_size` column): a request's rounded
 /// size, pre hook or post; the accounted size of a device allocation, a free and a relabelled
 /// block; none for the other kinds, whose `bytes` mean something else.
-pub(crate) fn row_bytes(e: &fb::MemEvent, units: &Units) -> Option<u64> {
+pub fn row_bytes(e: &fb::MemEvent, units: &Units) -> Option<u64> {
     match e.kind() {
         fb::MemKind::MallocPre | fb::MemKind::MallocPost => {
             Some(units.mem_size(e.device(), e.bytes()))

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use crate::read::{ChunkKind, Trace};
 
-pub(crate) use fold::row_bytes;
+pub use fold::row_bytes;
 pub use live::{live_over_time, LiveOverTime};
 pub use oom::{oom_states, round_size, user_line, LineBytes, OomState, PoolState};
 pub use profile::{
@@ -308,10 +308,10 @@ fn assemble(
 
 /// Rounding of malloc sizes, per device id (the pool rounds to the device's allocation unit):
 /// what every pass that reports `mem_size` uses.
-pub(crate) struct Units([u64; 256]);
+pub struct Units([u64; 256]);
 
 impl Units {
-    pub(crate) fn of(trace: &Trace) -> Units {
+    pub fn of(trace: &Trace) -> Units {
         let mut u = [DEFAULT_UNIT; 256];
         for d in &trace.defs.devices {
             if let Some(slot) = u.get_mut(d.id as usize) {
@@ -322,7 +322,7 @@ impl Units {
     }
 
     #[inline]
-    pub(crate) fn mem_size(&self, device: u8, size: u64) -> u64 {
+    pub fn mem_size(&self, device: u8, size: u64) -> u64 {
         let unit = self.0[device as usize];
         if unit.is_power_of_two() {
             // Every real unit is a power of two; a mask spares a 64-bit division per event.

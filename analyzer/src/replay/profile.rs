@@ -26,9 +26,8 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// A frame of `kind` at `file:line` named `name`, outside any phase (the unit tests').
-    #[cfg(test)]
-    pub(crate) fn new(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
+    /// A frame of `kind` at `file:line` named `name`, outside any phase.
+    pub fn new(kind: FrameKind, file: &str, line: u32, name: &str) -> Frame {
         Frame {
             kind,
             phase: Phase::None,

@@ -28,9 +28,6 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
-
 use super::columns::html_rows;
 use super::{
     Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
@@ -617,9 +614,9 @@ impl Table for Categories {
     }
 
     /// Categories and modules, `kind` `category` or `module`, as the CSV.
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn columns(&self) -> Option<Columns> {
         if self.is_empty() {
-            return Ok(None);
+            return None;
         }
         let rows = csv_rows(self);
         let u = |v: Option<u64>| v.map(crate::tables::columns::i64_of);
@@ -637,8 +634,7 @@ impl Table for Categories {
             .opt_ints("peak_bytes", &rows, |r| r.peak_bytes)
             .opt_ints("backward_bytes", &rows, |r| u(r.backward_bytes))
             .opt_ints("live_at_peak_bytes", &rows, |r| u(r.live_at_peak_bytes))
-            .batch()
-            .map(Some)
+            .into()
     }
 
     fn html(&self) -> Vec<HtmlTable> {

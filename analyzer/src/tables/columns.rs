@@ -1,35 +1,56 @@
-//! What a table needs to show itself outside the terminal: its rows as columns for the
-//! Parquet dataset ([`Columns`]), and as sortable tables for the HTML report ([`HtmlTable`]).
+//! What a table needs to show itself outside the terminal, as plain data that the other
+//! outputs translate: its rows as named, typed columns for the Parquet dataset ([`Columns`],
+//! which `poolsight-export` turns into Arrow arrays), and as sortable tables for the HTML report
+//! ([`HtmlTable`], which `poolsight-views` draws). No table links either library.
 
-use std::sync::Arc;
-
-use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{ArrowError, Field, Schema};
 use serde::Serialize;
 
-/// A count or size for a Parquet column: engines read signed 64-bit integers everywhere (Spark
+/// A count or size for a dataset column: engines read signed 64-bit integers everywhere (Spark
 /// has no unsigned type), and no real figure comes near 2^63; a damaged trace's saturates.
 pub fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Named columns of one table, in order; [`Columns::batch`] makes the Parquet record batch.
-#[derive(Default)]
-pub struct Columns(Vec<(&'static str, ArrayRef)>);
+/// One column's cells, typed as the dataset stores them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    Ints(Vec<i64>),
+    /// Figures a row may lack (null cells).
+    OptInts(Vec<Option<i64>>),
+    Strs(Vec<String>),
+    Bools(Vec<bool>),
+}
+
+impl Values {
+    pub fn len(&self) -> usize {
+        match self {
+            Values::Ints(v) => v.len(),
+            Values::OptInts(v) => v.len(),
+            Values::Strs(v) => v.len(),
+            Values::Bools(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Named columns of one table, in order, all of one length: the table's rows in the dataset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Columns(pub Vec<(&'static str, Values)>);
 
 impl Columns {
     /// A column numbering the rows 0, 1, 2, ...: the table's printed order.
     pub fn numbered(mut self, name: &'static str, rows: usize) -> Columns {
         self.0
-            .push((name, Arc::new(Int64Array::from_iter_values(0..rows as i64))));
+            .push((name, Values::Ints((0..rows as i64).collect())));
         self
     }
 
     pub fn ints<T>(mut self, name: &'static str, rows: &[T], f: impl Fn(&T) -> i64) -> Columns {
-        self.0.push((
-            name,
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(f))),
-        ));
+        self.0
+            .push((name, Values::Ints(rows.iter().map(f).collect())));
         self
     }
 
@@ -41,7 +62,7 @@ impl Columns {
         f: impl Fn(&T) -> Option<i64>,
     ) -> Columns {
         self.0
-            .push((name, Arc::new(rows.iter().map(f).collect::<Int64Array>())));
+            .push((name, Values::OptInts(rows.iter().map(f).collect())));
         self
     }
 
@@ -51,28 +72,15 @@ impl Columns {
     }
 
     pub fn strs<T>(mut self, name: &'static str, rows: &[T], f: impl Fn(&T) -> &str) -> Columns {
-        self.0.push((
-            name,
-            Arc::new(StringArray::from_iter_values(rows.iter().map(f))),
-        ));
+        let v = rows.iter().map(|r| f(r).to_owned()).collect();
+        self.0.push((name, Values::Strs(v)));
         self
     }
 
     pub fn bools<T>(mut self, name: &'static str, rows: &[T], f: impl Fn(&T) -> bool) -> Columns {
-        let a = BooleanArray::from_iter(rows.iter().map(|r| Some(f(r))));
-        self.0.push((name, Arc::new(a)));
+        self.0
+            .push((name, Values::Bools(rows.iter().map(f).collect())));
         self
-    }
-
-    /// The batch; the schema follows the arrays' types.
-    pub fn batch(self) -> Result<RecordBatch, ArrowError> {
-        let fields: Vec<Field> = self
-            .0
-            .iter()
-            .map(|(name, a)| Field::new(*name, a.data_type().clone(), a.null_count() > 0))
-            .collect();
-        let arrays = self.0.into_iter().map(|(_, a)| a).collect();
-        RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays)
     }
 }
 

@@ -31,9 +31,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
-
 use super::columns::html_rows;
 use super::{
     Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
@@ -239,7 +236,7 @@ impl Table for Epochs {
     }
 
     /// fastai's `PeakMemMetric` columns and the exact bytes, as the `epochs` JSON.
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn columns(&self) -> Option<Columns> {
         let rows = &self.epochs;
         Columns::default()
             .ints("epoch", rows, |r| i64::from(r.epoch))
@@ -255,8 +252,7 @@ impl Table for Epochs {
             .ints("live_peak_bytes", rows, |r| r.live_peak_bytes)
             .bools("complete", rows, |r| r.complete)
             .ints("fit", rows, |r| i64::from(r.fit))
-            .batch()
-            .map(Some)
+            .into()
     }
 
     fn html(&self) -> Vec<HtmlTable> {

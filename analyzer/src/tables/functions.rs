@@ -19,8 +19,6 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::read::names::FrameKind;
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
 
 use super::columns::html_rows;
 use super::{
@@ -264,7 +262,7 @@ impl Table for Functions {
     }
 
     /// Chainer's table, rows in the report's order (`row`).
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn columns(&self) -> Option<Columns> {
         let rows = &self.functions;
         Columns::default()
             .numbered("row", rows.len())
@@ -276,8 +274,7 @@ impl Table for Functions {
             .counts("self_acquired_bytes", rows, |r| r.self_acquired_bytes)
             .counts("failed_used_bytes", rows, |r| r.failed_used_bytes)
             .counts("failed_acquired_bytes", rows, |r| r.failed_acquired_bytes)
-            .batch()
-            .map(Some)
+            .into()
     }
 
     fn html(&self) -> Vec<HtmlTable> {

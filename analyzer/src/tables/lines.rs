@@ -13,9 +13,6 @@
 
 use serde::Serialize;
 
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
-
 use super::columns::html_rows;
 use super::{
     Cell, Columns, DiffKey, Figures, HtmlColumn, HtmlTable, Quantity, ReportOptions, Table,
@@ -355,7 +352,7 @@ impl Table for Lines {
 
     /// CuPy's tree, one row per node in printed order: `node` is its place in that order
     /// (`_root` is node 0), `parent` its parent's (`_root`'s is -1).
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn columns(&self) -> Option<Columns> {
         let r = &self.root;
         let root = LineNode {
             file: String::new(),
@@ -387,8 +384,7 @@ impl Table for Lines {
             .counts("failed_acquired_bytes", &rows, |r| {
                 r.2.failed_acquired_bytes
             })
-            .batch()
-            .map(Some)
+            .into()
     }
 
     /// The tree as rows, indented, in printed order (`tree order` sorts them back).

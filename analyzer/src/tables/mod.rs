@@ -29,8 +29,6 @@ pub mod whatif_figures;
 
 use std::marker::PhantomData;
 
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
 use serde::Serialize;
 
 pub use columns::{Cell, Columns, HtmlColumn, HtmlTable};
@@ -73,8 +71,8 @@ pub trait Table: Serialize + Send + Sized {
     /// Its figures for `diff`, under the keys of [`Table::FIGURES`].
     fn figures(&self, out: &mut Figures);
     /// Its rows in the Parquet dataset; `None`: no table of its own there.
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
-        Ok(None)
+    fn columns(&self) -> Option<Columns> {
+        None
     }
     /// Its sortable tables in the HTML report.
     fn html(&self) -> Vec<HtmlTable> {
@@ -88,7 +86,7 @@ pub trait AnyTable: Sync {
     fn render_table(&self, opts: &ReportOptions) -> String;
     fn render_csv(&self) -> String;
     fn figures(&self, out: &mut Figures);
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError>;
+    fn columns(&self) -> Option<Columns>;
     fn html(&self) -> Vec<HtmlTable>;
 }
 
@@ -105,8 +103,8 @@ impl<T: Table + Sync> AnyTable for T {
     fn figures(&self, out: &mut Figures) {
         Table::figures(self, out)
     }
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
-        Table::batch(self)
+    fn columns(&self) -> Option<Columns> {
+        Table::columns(self)
     }
     fn html(&self) -> Vec<HtmlTable> {
         Table::html(self)

@@ -11,8 +11,6 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::read::names::FrameKind;
-use arrow_array::RecordBatch;
-use arrow_schema::ArrowError;
 
 use super::columns::html_rows;
 use super::{
@@ -253,7 +251,7 @@ impl Table for Timers {
     }
 
     /// Chainer's link and function `TimerHook` rows, `kind` link or function.
-    fn batch(&self) -> Result<Option<RecordBatch>, ArrowError> {
+    fn columns(&self) -> Option<Columns> {
         let rows: Vec<(&str, &TimerRow)> = self
             .links
             .iter()
@@ -266,8 +264,7 @@ impl Table for Timers {
             .strs("name", &rows, |r| &r.1.name)
             .counts("elapsed_ns", &rows, |r| r.1.elapsed_ns)
             .counts("occurrence", &rows, |r| r.1.occurrence)
-            .batch()
-            .map(Some)
+            .into()
     }
 
     fn html(&self) -> Vec<HtmlTable> {

@@ -15,8 +15,8 @@ use std::str::FromStr;
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{self as inferno_fg, Options, TextTruncateDirection};
 
-use crate::read::names::FrameKind;
-use crate::replay::{CallTree, Frame, Profile};
+use poolsight_analyzer::read::names::FrameKind;
+use poolsight_analyzer::replay::{CallTree, Frame, Profile};
 
 pub use poolsight_frames::short_file;
 

@@ -1,4 +1,5 @@
-//! Exports: traces rewritten for other tools.
+//! poolsight's exports: traces and their reports rewritten for other tools, over what
+//! `poolsight-analyzer` reads and computes; only this crate links Arrow and Parquet.
 //!
 //! - [`chrome`]: the Chrome/Perfetto trace event JSON, so scopes, pool counters, epochs and
 //!   out-of-memory events can be browsed in `ui.perfetto.dev` or `chrome://tracing`.
@@ -15,21 +16,24 @@
 //! a scope's start is its close time minus its duration, converted from ticks separately, so a
 //! scope opened and closed within its parent stays within it after conversion.
 //!
-//! - [`dataset`]: the Parquet dataset of many runs and ranks, for SQL engines.
-//! - [`pack`]: the packed form of a trace (its event chunks encoded as columns and compressed),
+//! - [`dataset`]: the Parquet dataset of many runs and ranks, for SQL engines, the report
+//!   tables' columns translated into Arrow arrays there.
+//! - [`pack`] (written by `poolsight-reader`, re-exported here): the packed form of a trace (its event chunks encoded as columns and compressed),
 //!   which every command reads as it reads the live file.
 
 mod chrome;
 pub mod dataset;
 mod jsonl;
-pub mod pack;
 
 use std::borrow::Cow;
 use std::io::{self, Write};
 
-use crate::read::names::{scope_category, FrameKind, Phase};
-use crate::read::Defs;
-use crate::read::Trace;
+use poolsight_analyzer::read::names::{scope_category, FrameKind, Phase};
+use poolsight_analyzer::read::Defs;
+use poolsight_analyzer::read::Trace;
+
+/// Packed traces are written by the reader's crate, which decodes them; found here as before.
+pub use poolsight_reader::pack;
 
 pub use chrome::{chrome, CPU_TRACK, EPOCHS_TID, HELD_TRACK, USED_TRACK};
 pub use jsonl::jsonl;
@@ -64,11 +68,11 @@ pub struct ExportSummary {
 
 /// Output buffer: callers hand in any writer (a file, stdout, a `Vec`), and the small writes
 /// of one event each must not each become a syscall.
-pub(super) const BUFFER_BYTES: usize = 1 << 16;
+pub(crate) const BUFFER_BYTES: usize = 1 << 16;
 
 /// A scope's (start, end) in ns since the trace started. Each end is converted on its own, and
 /// the conversion never decreases, so nesting in ticks is nesting in ns.
-pub(super) fn scope_span(trace: &Trace, end_ticks: u64, duration_ticks: u64) -> (u64, u64) {
+pub(crate) fn scope_span(trace: &Trace, end_ticks: u64, duration_ticks: u64) -> (u64, u64) {
     let end = trace.ns_since_start(end_ticks);
     let start = trace.ns_since_start(end_ticks.saturating_sub(duration_ticks));
     (start.min(end), end)
@@ -76,27 +80,27 @@ pub(super) fn scope_span(trace: &Trace, end_ticks: u64, duration_ticks: u64) -> 
 
 /// A JSON string literal. serde_json does the escaping: names come from the traced program and
 /// may hold quotes, backslashes, control characters or any Unicode.
-pub(super) fn json_str(w: &mut dyn Write, s: &str) -> io::Result<()> {
+pub(crate) fn json_str(w: &mut dyn Write, s: &str) -> io::Result<()> {
     serde_json::to_writer(w, s).map_err(io::Error::from)
 }
 
 /// One frame as the exports print it. A damaged trace may name a frame or stack it never
 /// defined; those print as `?` and `<undefined ...>` rather than stopping the export.
-pub(super) struct FrameText<'d> {
-    pub(super) kind: FrameKind,
-    pub(super) phase: Phase,
-    pub(super) file: &'d str,
-    pub(super) line: u32,
-    pub(super) name: Cow<'d, str>,
+pub(crate) struct FrameText<'d> {
+    pub(crate) kind: FrameKind,
+    pub(crate) phase: Phase,
+    pub(crate) file: &'d str,
+    pub(crate) line: u32,
+    pub(crate) name: Cow<'d, str>,
 }
 
 impl FrameText<'_> {
-    pub(super) fn category(&self) -> &'static str {
+    pub(crate) fn category(&self) -> &'static str {
         scope_category(self.kind)
     }
 }
 
-pub(super) fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
+pub(crate) fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
     match defs.frames.get(&frame) {
         Some(f) => FrameText {
             kind: f.kind.into(),
@@ -110,7 +114,7 @@ pub(super) fn frame_text(defs: &Defs, frame: u32) -> FrameText<'_> {
 }
 
 /// The innermost frame of a scope's stack: the scope itself.
-pub(super) fn scope_text(defs: &Defs, stack: u32) -> FrameText<'_> {
+pub(crate) fn scope_text(defs: &Defs, stack: u32) -> FrameText<'_> {
     match defs.stacks.get(&stack) {
         Some(&(_, frame)) => frame_text(defs, frame),
         None => undefined(format!("<undefined stack {stack}>")),

@@ -13,9 +13,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::read::names::{FrameKind, Phase};
-use crate::replay::Frame;
-use crate::views::flamegraph::frame_display;
+use crate::flamegraph::frame_display;
+use poolsight_analyzer::read::names::{FrameKind, Phase};
+use poolsight_analyzer::replay::Frame;
 
 /// Between the frames of a name.
 const SEP: &str = " \u{203a} ";

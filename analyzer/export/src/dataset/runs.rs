@@ -26,9 +26,9 @@ use arrow_array::{
 use arrow_schema::{Field, Schema};
 
 use super::{ExportError, SCHEMA_VERSION};
-use crate::read::Trace;
-use crate::replay::Profile;
-use crate::tables::columns::i64_of;
+use poolsight_analyzer::read::Trace;
+use poolsight_analyzer::replay::Profile;
+use poolsight_analyzer::tables::columns::i64_of;
 
 /// A trace's rank: the header's, or 0 for a process that gave none (a run of one).
 pub fn rank_of(t: &Trace) -> u32 {

@@ -19,10 +19,12 @@ use poolsight_schema::kinds::{MarkKind, MemKind};
 
 use super::files::ParquetFile;
 use super::ExportError;
-use crate::read::names::{mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase};
-use crate::read::{ChunkInfo, ChunkKind, Trace};
-use crate::replay::{row_bytes, Units};
-use crate::tables::columns::i64_of;
+use poolsight_analyzer::read::names::{
+    mark_kind_name, mem_kind_name, scope_event_name, FrameKind, Phase,
+};
+use poolsight_analyzer::read::{ChunkInfo, ChunkKind, Trace};
+use poolsight_analyzer::replay::{row_bytes, Units};
+use poolsight_analyzer::tables::columns::i64_of;
 
 /// Rows per Arrow batch, each one row group of the `events` file: large enough for good
 /// compression and few column chunks, small enough that engines pruning on `seq` or `ts_ns`
@@ -35,9 +37,9 @@ const BATCH_ROWS: usize = 1 << 18;
 const MAX_STACK_DEPTH: u32 = 4096;
 
 /// The `kind` column's values, in the order of their dictionary codes: `info`'s event keys
-/// ([`crate::read::names::event_keys`]), then two for kinds this reader does not know.
+/// ([`poolsight_analyzer::read::names::event_keys`]), then two for kinds this reader does not know.
 static KINDS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
-    let mut kinds = crate::read::names::event_keys();
+    let mut kinds = poolsight_analyzer::read::names::event_keys();
     kinds.extend(["unknown_mem", "unknown_mark"]);
     kinds
 });
@@ -82,7 +84,7 @@ pub static STACKS_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
 });
 
 /// The codes of the epoch marks in [`KINDS`]: after the memory kinds and the four scope keys
-/// (the order of [`crate::read::names::event_keys`]).
+/// (the order of [`poolsight_analyzer::read::names::event_keys`]).
 const EPOCH_BEGIN: i8 = (MARKS_AT + MarkKind::EpochBegin as usize) as i8;
 const EPOCH_END: i8 = (MARKS_AT + MarkKind::EpochEnd as usize) as i8;
 const SCOPE_ABORT: i8 = (MARKS_AT + MarkKind::ScopeAbort as usize) as i8;

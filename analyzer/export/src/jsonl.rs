@@ -8,8 +8,8 @@ use rustc_hash::FxHashMap;
 use super::{
     frame_text, json_str, scope_span, scope_text, ExportError, ExportSummary, BUFFER_BYTES,
 };
-use crate::read::names::{mark_kind_name, mem_kind_name};
-use crate::read::{ChunkKind, Trace};
+use poolsight_analyzer::read::names::{mark_kind_name, mem_kind_name};
+use poolsight_analyzer::read::{ChunkKind, Trace};
 
 /// Writes one trace as JSON Lines: first a `stack` line per interned stack (by id), then every
 /// event in chunk order, rebase markers left out. The keys are stable (scripts rely on them):

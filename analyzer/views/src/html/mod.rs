@@ -15,8 +15,8 @@ pub mod page;
 pub use data::{diff, report, Part, ReportData};
 pub use page::render;
 
-use crate::read::Trace;
-use crate::replay::{live_over_time, LiveOverTime, Profile};
+use poolsight_analyzer::read::Trace;
+use poolsight_analyzer::replay::{live_over_time, LiveOverTime, Profile};
 
 /// Stacks kept per timeline point for the live-at-an-instant view (the rest are summed).
 pub const LIVE_STACKS: usize = 128;
@@ -67,7 +67,7 @@ pub fn report_page(title: &str, traces: &[Trace], profiles: &[Profile]) -> Strin
     render(&data)
 }
 
-/// `poolsight oom`'s text ([`crate::tables::oom::section`]) for the traces that hold an
+/// `poolsight oom`'s text ([`poolsight_analyzer::tables::oom::section`]) for the traces that hold an
 /// out-of-memory, if any does.
 fn oom_text(traces: &[Trace], profiles: &[Profile]) -> Option<String> {
     let held: Vec<&Trace> = traces
@@ -80,9 +80,9 @@ fn oom_text(traces: &[Trace], profiles: &[Profile]) -> Option<String> {
         return None;
     }
     // The section `oom` and `report` show, the model's advice included.
-    let (ooms, _) = crate::tables::oom::section(held);
-    Some(crate::tables::oom::render_table(&ooms, |id| {
-        crate::tables::oom::device_name(traces, id)
+    let (ooms, _) = poolsight_analyzer::tables::oom::section(held);
+    Some(poolsight_analyzer::tables::oom::render_table(&ooms, |id| {
+        poolsight_analyzer::tables::oom::device_name(traces, id)
     }))
 }
 

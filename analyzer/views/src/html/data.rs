@@ -1,5 +1,5 @@
 //! What the HTML report shows, computed from replayed profiles: a pure function of them (and of
-//! the live-bytes snapshots [`crate::replay::live_over_time`] takes), with no rendering. The
+//! the live-bytes snapshots [`poolsight_analyzer::replay::live_over_time`] takes), with no rendering. The
 //! page's script draws everything from this data, serialized as JSON.
 //!
 //! Sizes stay bounded whatever the trace's length: a timeline has at most the series' points
@@ -12,10 +12,10 @@ use serde::Serialize;
 
 use super::bound::{self, Elided};
 use super::names;
-use crate::replay::{CallTree, Frame, LiveOverTime, Profile, Snapshot, Source};
-use crate::tables::categories::{phase_of, NO_PHASE, UNLABELLED};
-use crate::tables::{HtmlTable, Report, ReportOptions};
-use crate::views::flamegraph::{frame_display, Metric};
+use crate::flamegraph::{frame_display, Metric};
+use poolsight_analyzer::replay::{CallTree, Frame, LiveOverTime, Profile, Snapshot, Source};
+use poolsight_analyzer::tables::categories::{phase_of, NO_PHASE, UNLABELLED};
+use poolsight_analyzer::tables::{HtmlTable, Report, ReportOptions};
 
 /// Groups (stacks, categories, modules) drawn as their own band in a timeline; the others are
 /// summed in one "other" band.
@@ -60,7 +60,7 @@ pub struct RunData {
     pub used: Vec<i64>,
     pub acquired: Vec<i64>,
     /// The ways the timeline's used bytes can be stacked: by stack, then by category and by
-    /// module where the trace has them (see [`crate::replay::live_over_time`]).
+    /// module where the trace has them (see [`poolsight_analyzer::replay::live_over_time`]).
     pub bands: Vec<Bands>,
 }
 
@@ -103,7 +103,7 @@ pub struct ViewData {
     /// Indices into [`ReportData::runs`] whose timelines this view shows.
     pub runs: Vec<usize>,
     pub tree: TreeData,
-    /// Every table of the list of tables, as each shows itself ([`crate::tables::Table::html`]).
+    /// Every table of the list of tables, as each shows itself ([`poolsight_analyzer::tables::Table::html`]).
     pub tables: Vec<HtmlTable>,
     /// What the page left out of the tree and the tables ([`super::bound`]).
     #[serde(skip_serializing_if = "Elided::is_empty")]
@@ -148,7 +148,7 @@ impl Frames {
 }
 
 /// A named trace: its heading, its replayed profile (with `live_at_peak`) and its live bytes
-/// over time (from [`crate::replay::live_over_time`] on the same trace).
+/// over time (from [`poolsight_analyzer::replay::live_over_time`] on the same trace).
 pub struct Part<'a> {
     pub name: String,
     pub profile: &'a Profile,
@@ -266,7 +266,7 @@ fn run(frames: &mut Frames, part: &Part) -> RunData {
     }
 }
 
-/// The used bytes of each point by phase ([`crate::tables::categories::phase_of`]), from the
+/// The used bytes of each point by phase ([`poolsight_analyzer::tables::categories::phase_of`]), from the
 /// stacks each point keeps: the bytes of the stacks it leaves out are its `other` (their phase
 /// is not known). None when no stack has a phase.
 fn phase_bands(live: &LiveOverTime) -> Option<Bands> {

@@ -61,7 +61,7 @@ impl Trace {
     /// over the file instead of two. Everything else is verified as `open` verifies it, so
     /// reading the trace is as safe; but until [`Trace::checksums_hold`] says so, a corrupted
     /// chunk's events may have been read as if they were sound. Use it only as
-    /// [`crate::load`] does: replay, then, unless every checksum held, open the file
+    /// `poolsight_analyzer::load` does: replay, then, unless every checksum held, open the file
     /// again with `open` (which names the corrupted chunks and leaves them out) and replay
     /// that instead.
     pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace, ReadError> {
@@ -382,7 +382,7 @@ impl Trace {
 
     /// Whether the writer finished the file: its footer is sealed (docs/format.md, "The
     /// footer and finished"). Chunks lost since, or events it dropped, do not change that;
-    /// they make the run incomplete (see [`crate::load::incomplete`]).
+    /// they make the run incomplete (see `poolsight_analyzer::load::incomplete`).
     pub fn finished(&self) -> bool {
         self.footer.is_some()
     }

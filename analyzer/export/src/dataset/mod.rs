@@ -30,8 +30,8 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::read::{ChunkKind, ReadError, Trace};
-use crate::replay::{replay, ReplayOptions};
+use poolsight_analyzer::read::{ChunkKind, ReadError, Trace};
+use poolsight_analyzer::replay::{replay, ReplayOptions};
 
 pub use files::{MARKER, VERSION_KEY};
 pub use runs::run_ids;
@@ -149,7 +149,7 @@ pub fn checked(traces: Vec<Trace>, allow_incomplete: bool) -> Result<Vec<Trace>,
             });
         }
         for b in &traces[..i] {
-            if crate::load::same_recording(&a.header, &b.header) {
+            if poolsight_analyzer::load::same_recording(&a.header, &b.header) {
                 return Err(ExportError::SameTrace {
                     first: b.path.clone(),
                     second: a.path.clone(),

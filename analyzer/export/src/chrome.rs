@@ -9,8 +9,8 @@ use poolsight_schema::fb;
 use rustc_hash::FxHashMap;
 
 use super::{json_str, scope_span, scope_text, ExportError, ExportSummary, BUFFER_BYTES};
-use crate::read::{ChunkKind, Defs, Trace};
-use crate::replay::{Profile, Source};
+use poolsight_analyzer::read::{ChunkKind, Defs, Trace};
+use poolsight_analyzer::replay::{Profile, Source};
 
 /// The thread id of the epochs track in the Chrome export. Recorder threads are numbered up
 /// from 1, so the top id never names one; it stays a `u32`, which the Perfetto importer needs.

@@ -17,7 +17,7 @@
 use serde::Serialize;
 
 use super::data::{DiffTree, TreeData};
-use crate::tables::{Cell, HtmlTable};
+use poolsight_analyzer::tables::{Cell, HtmlTable};
 
 /// Flamegraph nodes a page keeps: a screen is a few thousand pixels wide.
 pub const MAX_TREE_NODES: usize = 5_000;
@@ -199,7 +199,7 @@ pub fn table(mut t: HtmlTable, max: usize) -> (HtmlTable, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tables::HtmlColumn;
+    use poolsight_analyzer::tables::HtmlColumn;
 
     /// A root with `n` children, child `i` owning `i + 1` bytes of every metric, each with a
     /// child of its own owning 1.

@@ -36,7 +36,7 @@ pub fn render(data: &ReportData) -> String {
     let _ = writeln!(
         page,
         "<title>{}</title>",
-        crate::views::timeline::escape(&data.title)
+        crate::timeline::escape(&data.title)
     );
     let _ = writeln!(page, "<style>\n{STYLE}</style>\n</head>\n<body>");
     page.push_str(BODY);

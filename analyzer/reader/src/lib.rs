@@ -1,3 +1,8 @@
+//! poolsight's trace files, read and written as files: the verified reader over memory-mapped
+//! traces, packed traces decoded and encoded ([`pack`]), and the stable names of every kind. It
+//! depends on the format (`poolsight-schema`) and zstd, and knows nothing of reports: what
+//! the events mean is the analyzer's.
+//!
 //! Opening a trace: the file is untrusted input (CI analyzes artifacts of other people's
 //! branches). Every chunk is checked — bounds, FlatBuffers verification, identifier, checksum
 //! of sealed chunks — before anything reads it. A bad chunk becomes a warning naming its
@@ -24,14 +29,15 @@
 //! - `defs`: merging the definitions chunks (strings, frames, stacks, threads, devices);
 //! - `pages`: giving pages back to the kernel, so a pass keeps little resident;
 //! - [`packed`]: the columns of packed event chunks, decoded (and encoded, for the packer);
-//! - [`names`]: the stable names of kinds in every output.
+//! - [`names`]: the stable names of kinds in every output;
+//! - [`pack`]: writing a packed copy of a trace.
 //!
 //! Opening the traces of one job together, replaying them and converting other tools' files is
-//! the loading step ([`crate::load`]); writing a packed copy is an export
-//! ([`crate::export::pack`]).
+//! the analyzer's loading step (`poolsight_analyzer::load`).
 
 mod defs;
 pub mod names;
+pub mod pack;
 pub mod packed;
 mod pages;
 mod trace;

@@ -7,8 +7,8 @@
 
 use std::fmt::Write as _;
 
-use crate::replay::{Profile, Source};
-use crate::tables::render::{humanized, time_auto};
+use poolsight_analyzer::replay::{Profile, Source};
+use poolsight_analyzer::tables::render::{humanized, time_auto};
 
 /// Why no timeline could be drawn.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

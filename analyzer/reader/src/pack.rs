@@ -1,6 +1,6 @@
 //! Writing a packed trace (format 1.2, docs/format.md "Packed traces") from a verified one:
 //! the same header with `packed` set, the footer, the definitions chunks as they were, and the
-//! event chunks encoded as columns and compressed ([`crate::read::packed`]). Consecutive event chunks
+//! event chunks encoded as columns and compressed ([`crate::packed`]). Consecutive event chunks
 //! of one thread and one kind are merged, up to [`PackOptions::merge`] of them, so that zstd
 //! sees a few training steps at once; each merged chunk's events start with a rebase to its
 //! own base, so the decoded events replay exactly as the originals.
@@ -20,8 +20,8 @@ use poolsight_schema::{
 };
 use rayon::prelude::*;
 
-use crate::read::packed::{self, Encoder};
-use crate::read::{ChunkInfo, ChunkKind, Header, ReadError, Trace, Warning};
+use crate::packed::{self, Encoder};
+use crate::{ChunkInfo, ChunkKind, Header, ReadError, Trace, Warning};
 
 /// How to pack.
 #[derive(Debug, Clone)]
