@@ -17,13 +17,15 @@
 //!   table, JSON and CSV renderings kept apart from the computation, and its rows as plain
 //!   columns for the exports and the HTML report to translate; the one list of report tables
 //!   lives there; and `info`, what a file holds;
-//! - [`diff`]: two runs' figures compared, and the rules a CI gate checks.
+//! - [`diff`]: two runs' figures compared, and the rules a CI gate checks; [`predict`]: what a
+//!   `fake_cuda` trace says a step would do on the GPU.
 //!
 //! The architecture and the path of one report from the file to the terminal are in
 //! `docs/architecture.md`.
 
 pub mod diff;
 pub mod load;
+pub mod predict;
 pub mod replay;
 pub mod tables;
 pub mod units;

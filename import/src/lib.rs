@@ -9,9 +9,11 @@
 //! - [`snapshot`]: a snapshot's entries and segments into events;
 //! - [`kineto`]: a profiler trace's memory events, operator and Python ranges and steps;
 //! - [`events`]: what both produce, and how it is written;
-//! - [`frames`]: which frames of a stack are kept (`--frames`).
+//! - [`frames`]: which frames of a stack are kept (`--frames`);
+//! - [`resolver`]: [`PyTorchFiles`], these files read wherever a trace is.
 //!
-//! This crate depends on the schema and the recorder only, never on the analyzer.
+//! This crate writes through the recorder and plugs into loading through the reader's
+//! `Resolver`; it never depends on the analyzer.
 
 pub mod device;
 pub mod events;
@@ -19,6 +21,7 @@ pub mod frames;
 pub mod infer;
 pub mod kineto;
 pub mod pickle;
+pub mod resolver;
 pub mod settings;
 pub mod snapshot;
 
@@ -26,6 +29,7 @@ use std::path::{Path, PathBuf};
 
 pub use frames::FrameFilter;
 use poolsight_recorder::{ImportInfo, RecorderError};
+pub use resolver::{is_pytorch_file, ranks_of, PyTorchFiles};
 
 /// What a file is, judged by its first bytes (never by its name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,17 +63,34 @@ pub fn detect(head: &[u8]) -> Kind {
 
 /// The kind of the file at `path`.
 pub fn detect_file(path: &Path) -> std::io::Result<Kind> {
-    use std::io::Read;
+    detect_opened(&std::fs::File::open(path)?)
+}
+
+/// The kind of an open file, from its first bytes, read in place (the file's position does
+/// not move), so that the same handle can then be converted ([`convert_opened`]).
+pub fn detect_opened(file: &std::fs::File) -> std::io::Result<Kind> {
     let mut head = [0u8; 64];
-    let mut f = std::fs::File::open(path)?;
     let mut n = 0;
     while n < head.len() {
-        match f.read(&mut head[n..])? {
+        match read_at(file, &mut head[n..], n as u64)? {
             0 => break,
             k => n += k,
         }
     }
     Ok(detect(&head[..n]))
+}
+
+#[cfg(unix)]
+fn read_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(file, buf, at)
+}
+
+#[cfg(not(unix))]
+fn read_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Result<usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = file;
+    f.seek(SeekFrom::Start(at))?;
+    f.read(buf)
 }
 
 /// How to convert.
@@ -124,13 +145,28 @@ pub fn convert_file(
     input: &Path,
     output: &Path,
     opts: &Options,
+    progress: Option<&mut dyn FnMut(u64)>,
+) -> Result<Converted, ImportError> {
+    let file = std::fs::File::open(input).map_err(|source| ImportError::Io {
+        path: input.to_path_buf(),
+        source,
+    })?;
+    convert_opened(&file, input, output, opts, progress)
+}
+
+/// [`convert_file`] of a file already open (`input` is its path, for messages): what reads a
+/// file's kind and then converts it opens it once.
+pub fn convert_opened(
+    file: &std::fs::File,
+    input: &Path,
+    output: &Path,
+    opts: &Options,
     mut progress: Option<&mut dyn FnMut(u64)>,
 ) -> Result<Converted, ImportError> {
     let io = |source| ImportError::Io {
         path: input.to_path_buf(),
         source,
     };
-    let file = std::fs::File::open(input).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
     let map = if len == 0 {
         None
@@ -138,7 +174,7 @@ pub fn convert_file(
         // SAFETY: the mapping is read-only and private; a file changed under it while being
         // read gives wrong bytes, which the reader reports as a damaged pickle, never UB in
         // safe code (every access is bounds-checked against the mapping's length).
-        Some(unsafe { memmap2::Mmap::map(&file) }.map_err(io)?)
+        Some(unsafe { memmap2::Mmap::map(file) }.map_err(io)?)
     };
     let data: &[u8] = map.as_deref().unwrap_or(&[]);
     #[cfg(unix)]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sys
 import tracemalloc
@@ -477,7 +476,7 @@ def whatif(
     if isinstance(capacity, bool) or not isinstance(capacity, (int, str, type(None))):
         raise TypeError(f"capacity is bytes (an int) or a size like '16GiB', not {capacity!r}")
     cap = str(capacity) if capacity is not None else None
-    text = _native.whatif_json(
+    return _native.whatif_found(
         [os.fspath(p) for p in paths],
         list(settings),
         cap,
@@ -486,7 +485,6 @@ def whatif(
         allocator,
         frames,
     )
-    return json.loads(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -276,11 +276,11 @@ class _Failed(Exception):
 def _report(outcome: _Outcome, fmt: str, command: list[str], kept: bool) -> tuple[str, bool]:
     from . import _native
 
-    text, fits = _native.predict_report(
+    shown, fits = _native.predict_report(
         outcome.trace, outcome.settings, outcome.capacity, fmt == "json"
     )
     if fmt == "json":
-        doc = json.loads(text)
+        doc = shown
         doc.update(
             {
                 "command": command,
@@ -294,7 +294,7 @@ def _report(outcome: _Outcome, fmt: str, command: list[str], kept: bool) -> tupl
     tail += f"{outcome.seconds:.1f} s\n"
     tail += f"trace            {outcome.trace}"
     tail += "\n" if kept else " (removed at exit: keep it with -o FILE)\n"
-    return text + tail, fits
+    return shown + tail, fits
 
 
 def _strip(command: list[str]) -> list[str]:

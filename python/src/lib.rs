@@ -684,7 +684,7 @@ fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, 
     // Loaded as `poolsight report` loads it: PyTorch files converted, the user's frames.
     let opts = load::LoadOptions {
         frames: None,
-        resolver: Some(&poolsight::cli::PyTorchFiles { progress: false }),
+        resolver: Some(&poolsight::import::PyTorchFiles { progress: None }),
     };
     let replay = poolsight::analyzer::ReplayOptions {
         live_at_peak: true,

@@ -1,25 +1,42 @@
-//! `poolsight.whatif()`: what `poolsight whatif` finds, as the JSON-shaped dict its
-//! `--format json` prints (the one implementation: `poolsight::cli::whatif::find`).
+//! `poolsight.whatif()`: what `poolsight whatif` finds, as the dict its `--format json` prints
+//! (the one implementation: `poolsight::analyzer::whatif::find`), and what a prediction says
+//! (`poolsight::analyzer::predict`); both made into Python objects directly.
 
 use std::path::PathBuf;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use poolsight::analyzer::whatif::{Allocator, Options, Settings};
-use poolsight::cli::whatif::{find, parse_bytes};
-use poolsight::cli::Reading;
+use poolsight::analyzer::load::{FrameFilter, LoadOptions, LoadWarning};
+use poolsight::analyzer::predict;
+use poolsight::analyzer::units::parse_bytes;
+use poolsight::analyzer::whatif::{find, Allocator, Options, Settings};
+use poolsight::import::PyTorchFiles;
 
 use crate::PoolsightError;
 
-/// Replays the traces or PyTorch files in `paths` through a model of an allocator: JSON text
-/// of `poolsight whatif --format json` (the Python side parses it). `capacity` is bytes or a
+/// How the Python module loads files: PyTorch's converted, stacks as `frames` says.
+fn loading(frames: Option<FrameFilter>) -> LoadOptions<'static> {
+    const FILES: PyTorchFiles<'static> = PyTorchFiles { progress: None };
+    LoadOptions {
+        frames,
+        resolver: Some(&FILES),
+    }
+}
+
+/// A damaged part of a file, on stderr as the CLI prints it.
+fn warn(w: &LoadWarning) {
+    eprintln!("poolsight: warning: {}", w.one_line());
+}
+
+/// Replays the traces or PyTorch files in `paths` through a model of an allocator: what
+/// `poolsight whatif --format json` prints, as Python objects. `capacity` is bytes or a
 /// size with a unit (`"16GiB"`); `settings` are `PYTORCH_CUDA_ALLOC_CONF` strings.
 #[pyfunction]
 #[pyo3(signature = (paths, settings, capacity, min_capacity, check, allocator, frames))]
 #[allow(clippy::too_many_arguments)]
-fn whatif_json(
-    py: Python<'_>,
+fn whatif_found<'py>(
+    py: Python<'py>,
     paths: Vec<PathBuf>,
     settings: Vec<String>,
     capacity: Option<String>,
@@ -27,7 +44,7 @@ fn whatif_json(
     check: bool,
     allocator: &str,
     frames: Option<&str>,
-) -> PyResult<String> {
+) -> PyResult<Bound<'py, PyAny>> {
     let alternatives = settings
         .iter()
         .map(|s| Settings::parse(s).map_err(|e| PyValueError::new_err(format!("{s:?}: {e}"))))
@@ -47,41 +64,35 @@ fn whatif_json(
         .map(|f| f.parse().map_err(PyValueError::new_err))
         .transpose()?;
     let found = py
-        .detach(|| find(&paths, &opts, check, &Reading { frames }))
-        .map_err(|e| PoolsightError::new_err(format!("{e:#}")))?;
-    Ok(found.json().to_string())
+        .detach(|| find(&paths, &opts, check, &loading(frames), &mut warn))
+        .map_err(|e| PoolsightError::new_err(e.to_string()))?;
+    Ok(pythonize::pythonize(py, &found.json())?)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(whatif_json, m)?)?;
+    m.add_function(wrap_pyfunction!(whatif_found, m)?)?;
     m.add_function(wrap_pyfunction!(predict_report, m)?)
 }
 
-/// `poolsight predict`'s reading of a prediction's trace (`poolsight::cli::predict`): the
-/// text it prints (or its JSON with `json`) and whether the run fits.
+/// `poolsight predict`'s reading of a prediction's trace (`poolsight::analyzer::predict`):
+/// the text it prints, or with `json` the document its `--format json` writes (as Python
+/// objects, in the document's order), and whether the run fits.
 #[pyfunction]
 #[pyo3(signature = (trace, settings, capacity, json))]
-fn predict_report(
-    py: Python<'_>,
+fn predict_report<'py>(
+    py: Python<'py>,
     trace: PathBuf,
     settings: &str,
     capacity: Option<u64>,
     json: bool,
-) -> PyResult<(String, bool)> {
+) -> PyResult<(Bound<'py, PyAny>, bool)> {
     let found = py
-        .detach(|| {
-            poolsight::cli::predict::summarize(
-                &trace,
-                settings,
-                capacity,
-                &Reading { frames: None },
-            )
-        })
-        .map_err(|e| PoolsightError::new_err(format!("{e:#}")))?;
-    let text = if json {
-        poolsight::cli::predict::json(&found)
+        .detach(|| predict::summarize(&trace, settings, capacity, &loading(None), &mut warn))
+        .map_err(|e| PoolsightError::new_err(e.to_string()))?;
+    let shown = if json {
+        pythonize::pythonize(py, &found)?
     } else {
-        poolsight::cli::predict::render(&found)
+        predict::render(&found).into_pyobject(py)?.into_any()
     };
-    Ok((text, found.fits))
+    Ok((shown, found.fits))
 }

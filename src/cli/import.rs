@@ -1,5 +1,5 @@
-//! `poolsight import`, and the conversion every analysis command does when it is handed a
-//! PyTorch file instead of a trace ([`PyTorchFiles`], the resolver the loading step is given).
+//! `poolsight import`: PyTorch's files converted into trace files, with a progress bar. Every
+//! other command reads them through `poolsight_import::PyTorchFiles` (see `load.rs`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -7,10 +7,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use clap::Args;
-use poolsight::analyzer::load::{self, ConvertError, Resolver};
-use poolsight::analyzer::whatif::Recorded;
-use poolsight_import::settings::AllocatorState;
-use poolsight_import::{convert_file, detect_file, rank_from_name, Converted, FrameFilter, Kind};
+use poolsight_import::{convert_file, ranks_of, Converted, FrameFilter, Kind};
 
 use super::output::ProgressBar;
 
@@ -78,22 +75,6 @@ pub fn import(args: ImportArgs, frames: FrameFilter, out: &mut impl Write) -> an
     Ok(())
 }
 
-/// Ranks: `--rank` for one input, else from the names, else (several inputs) their order.
-pub fn ranks_of(inputs: &[PathBuf], rank: Option<u32>) -> Vec<Option<u32>> {
-    if inputs.len() == 1 {
-        return vec![rank.or_else(|| rank_from_name(&inputs[0]))];
-    }
-    let named: Vec<Option<u32>> = inputs.iter().map(|p| rank_from_name(p)).collect();
-    let mut distinct: Vec<u32> = named.iter().flatten().copied().collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    if distinct.len() == inputs.len() {
-        named
-    } else {
-        (0..inputs.len() as u32).map(Some).collect()
-    }
-}
-
 /// Converts one file, with a progress bar on a terminal when `progress` says so.
 pub fn convert(
     input: &Path,
@@ -128,58 +109,4 @@ pub fn convert(
     let result = convert_file(input, output, &opts, Some(&mut progress));
     bar.finish();
     result.with_context(|| input.display().to_string())
-}
-
-/// Whether `path` is a PyTorch file to convert (by its content) rather than a trace.
-pub fn is_pytorch_file(path: &Path) -> bool {
-    !path.is_dir() && matches!(detect_file(path), Ok(Kind::Snapshot | Kind::Profile))
-}
-
-/// PyTorch's files (snapshots, profiler traces) read wherever a trace is: converted through
-/// `poolsight-import` into temporary traces that last as long as the loaded inputs. Several
-/// without ranks in their names are ranks in the order given.
-pub struct PyTorchFiles {
-    /// A progress bar on a terminal while converting.
-    pub progress: bool,
-}
-
-impl Resolver for PyTorchFiles {
-    fn converts(&self, path: &Path) -> bool {
-        is_pytorch_file(path)
-    }
-
-    fn convert(
-        &self,
-        paths: &[&Path],
-        frames: FrameFilter,
-    ) -> Result<Vec<load::Converted>, ConvertError> {
-        let owned: Vec<PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
-        let ranks = ranks_of(&owned, None);
-        let world = (paths.len() > 1).then_some(paths.len() as u32);
-        let mut out = Vec::with_capacity(paths.len());
-        for (p, rank) in paths.iter().zip(ranks) {
-            let dir = tempfile::Builder::new()
-                .prefix("poolsight-import-")
-                .tempdir()?;
-            let trace = dir.path().join("converted.pstrace");
-            let c = convert(p, &trace, frames, rank, world, false, self.progress)?;
-            check_settings(p, c.allocator.as_ref())?;
-            out.push(load::Converted {
-                trace,
-                keep: Box::new(dir),
-            });
-        }
-        Ok(out)
-    }
-}
-
-/// A snapshot's `allocator_settings` read as the model reads them (the converted trace keeps
-/// them for `whatif` and `oom`): settings it cannot read are the conversion's error.
-fn check_settings(named: &Path, state: Option<&AllocatorState>) -> anyhow::Result<()> {
-    if let Some(state) = state {
-        Recorded::from_state(state).with_context(|| {
-            format!("the allocator_settings of {} do not parse", named.display())
-        })?;
-    }
-    Ok(())
 }

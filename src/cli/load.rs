@@ -1,26 +1,23 @@
 //! The front door of every analysis command: the files named loaded through
-//! [`poolsight::analyzer::load`] — PyTorch files converted by [`PyTorchFiles`], stacks shown as
-//! `--frames` says — with a progress bar on a terminal, and what was wrong with them on stderr.
+//! [`poolsight::analyzer::load`] — PyTorch files converted by `poolsight_import::PyTorchFiles`,
+//! stacks shown as `--frames` says — with a progress bar on a terminal, and what was wrong with
+//! them on stderr.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use poolsight::analyzer::load::{FrameFilter, Inputs, LoadOptions, LoadWarning, Loaded, View};
 use poolsight::analyzer::replay::CategoryPass;
 use poolsight::analyzer::{Profile, ReplayOptions};
 
+use poolsight_import::resolver::{PyTorchFiles, Watch};
+
 use super::args::Input;
-use super::import::PyTorchFiles;
 use super::output::ProgressBar;
 
 /// One warning line on stderr, whatever a verifier's message holds.
 pub fn warn(w: &LoadWarning) {
-    let text: String = w
-        .to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
-    eprintln!("poolsight: warning: {text}");
+    eprintln!("poolsight: warning: {}", w.one_line());
 }
 
 /// How a command reads the files it is given: the frames to show (`--frames`), PyTorch files
@@ -30,11 +27,42 @@ pub struct Reading {
     pub frames: Option<FrameFilter>,
 }
 
+/// A conversion's progress bar, on a terminal.
+struct Converting(Option<ProgressBar>);
+
+impl Watch for Converting {
+    fn read(&mut self, bytes: u64) {
+        if let Some(bar) = &self.0 {
+            bar.done.store(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Converting {
+    fn drop(&mut self) {
+        if let Some(bar) = self.0.take() {
+            bar.finish();
+        }
+    }
+}
+
+fn converting(_: &Path, total: u64) -> Box<dyn Watch> {
+    let mut bar = ProgressBar::new();
+    bar.begin("converting", total);
+    Box::new(Converting(Some(bar)))
+}
+
+/// PyTorch's files read wherever a trace is, with a progress bar while converting.
+pub const PYTORCH_FILES: PyTorchFiles<'static> = PyTorchFiles {
+    progress: Some(&converting),
+};
+
 impl Reading {
-    fn options(&self) -> LoadOptions<'static> {
+    /// The loading options these say, PyTorch's files converted with a progress bar.
+    pub fn options(&self) -> LoadOptions<'static> {
         LoadOptions {
             frames: self.frames,
-            resolver: Some(&PyTorchFiles { progress: true }),
+            resolver: Some(&PYTORCH_FILES),
         }
     }
 

@@ -16,18 +16,15 @@ mod import;
 mod load;
 mod oom;
 mod output;
-pub mod predict;
+mod predict;
 mod tables;
 mod views;
-pub mod whatif;
+mod whatif;
 
 use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-
-pub use import::PyTorchFiles;
-pub use load::Reading;
 
 /// Record what a training run does with GPU memory and time; analyze the trace later.
 ///

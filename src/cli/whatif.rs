@@ -1,16 +1,12 @@
 //! `poolsight whatif`: argument parsing and printing over [`poolsight::analyzer::whatif`]
 //! (a run's requests replayed through a model of an allocator, `--check` the model against a
-//! snapshot's segments), and the file opened for a replay that it shares with `oom`'s model
-//! and `diff --whatif`.
+//! snapshot's segments: `whatif::find`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, ValueEnum};
-use poolsight::analyzer::load::LoadWarning;
-use poolsight::analyzer::read::Trace;
-use poolsight::analyzer::whatif::{self, Allocator, Check, Options, Recorded, Report, Settings};
+use poolsight::analyzer::whatif::{self, Allocator, Found, Options, Settings};
 
 use super::load::{warn, Reading};
 const HELP: &str = "\
@@ -98,91 +94,7 @@ pub fn parse_setting(s: &str) -> Result<Settings, String> {
 
 /// Bytes with an optional unit (1024 steps): `16GiB`, `80GB`, `512M`, `1048576`.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (examples: 16GiB, 80GB, 1048576)"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {s:?} (B, KB, MB, GB, TB)"
-            ))
-        }
-    };
-    let bytes = n * scale as f64;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
-        return Err(format!("{s:?} is not a usable capacity"));
-    }
-    Ok(bytes as u64)
-}
-
-/// Opens `named` for a replay, through the loading step each command uses: a trace as it is
-/// (PyTorch's default settings), a PyTorch snapshot converted once, its `allocator_settings`
-/// and `segments` handed back by the same read ([`poolsight::analyzer::load::Input::recorded`]);
-/// its stacks shown as `--frames` says; its warnings on stderr, naming the file as the user did.
-pub fn open(named: &Path, r: &Reading) -> anyhow::Result<(Trace, Recorded)> {
-    let inputs = r.inputs(std::slice::from_ref(&named.to_path_buf()))?;
-    let input = inputs.iter().next().context("no file to open")?;
-    let trace = input.open(false)?;
-    for w in &trace.warnings {
-        warn(&LoadWarning {
-            path: named.to_path_buf(),
-            warning: w.clone(),
-        });
-    }
-    let recorded = Recorded::of_trace(&trace);
-    Ok((trace, recorded))
-}
-
-/// What `whatif` found for some files: the replays' reports, or with `check` the checks.
-pub enum Found {
-    Reports(Vec<Report>),
-    Checks(Vec<Check>),
-}
-
-impl Found {
-    /// The JSON document `--format json` prints.
-    pub fn json(&self) -> serde_json::Value {
-        match self {
-            Found::Reports(r) => whatif::json(r),
-            Found::Checks(c) => whatif::checks_json(c),
-        }
-    }
-}
-
-/// Each file opened once ([`open`]), on its own, and replayed (or checked) device by device:
-/// what the CLI prints and `poolsight.whatif()` returns.
-pub fn find(paths: &[PathBuf], opts: &Options, check: bool, r: &Reading) -> anyhow::Result<Found> {
-    if check {
-        anyhow::ensure!(
-            opts.allocator == Allocator::Pytorch,
-            whatif::WhatifError::CupyCheck
-        );
-    }
-    let (mut reports, mut checks) = (Vec::new(), Vec::new());
-    for named in paths {
-        let (trace, recorded) = open(named, r)?;
-        let name = named.display().to_string();
-        if check {
-            checks.extend(whatif::check(&trace, &name, &recorded, opts.capacity));
-        } else {
-            reports.extend(whatif::whatif(&trace, &name, &recorded, opts)?);
-        }
-    }
-    Ok(if check {
-        Found::Checks(checks)
-    } else {
-        Found::Reports(reports)
-    })
+    poolsight::analyzer::units::parse_bytes(s)
 }
 
 pub fn run(args: WhatifArgs, r: &Reading, out: &mut impl Write) -> anyhow::Result<()> {
@@ -195,7 +107,7 @@ pub fn run(args: WhatifArgs, r: &Reading, out: &mut impl Write) -> anyhow::Resul
         capacity: args.capacity,
         min_capacity: args.min_capacity,
     };
-    let found = find(&args.traces, &opts, args.check, r)?;
+    let found = whatif::find(&args.traces, &opts, args.check, &r.options(), &mut warn)?;
     match (&found, args.format) {
         (_, WhatifFormat::Json) => {
             writeln!(out, "{}", serde_json::to_string_pretty(&found.json())?)?

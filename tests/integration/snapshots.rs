@@ -519,3 +519,42 @@ fn a_diff_of_two_steps_fits_a_terminal_and_a_comment_with_the_user_frames_only()
         assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
     }
 }
+
+/// How many times `poolsight ARGS` opened `path` (strace's `open`/`openat` calls naming it);
+/// `None` where strace is missing or may not trace (a container without ptrace).
+fn opens_of(path: &Path, args: &[&std::ffi::OsStr]) -> Option<usize> {
+    let log = scratch::file("strace.log");
+    let out = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=open,openat,openat2", "-o"])
+        .arg(&*log)
+        .arg(env!("CARGO_BIN_EXE_poolsight"))
+        .args(args)
+        .output()
+        .ok()?;
+    let text = std::fs::read_to_string(&*log).ok()?;
+    if !out.status.success() && text.is_empty() {
+        return None;
+    }
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = path.to_str().expect("a UTF-8 path");
+    Some(text.lines().filter(|l| l.contains(name)).count())
+}
+
+#[test]
+fn a_snapshot_is_opened_once_by_report_and_whatif() {
+    // Judging its kind and converting it read the one open file.
+    let snap = fixture("snapshot_small.pickle");
+    for command in [&["report"][..], &["whatif"], &["oom"]] {
+        let mut args: Vec<&std::ffi::OsStr> = command.iter().map(|c| c.as_ref()).collect();
+        args.push(snap.as_os_str());
+        let Some(n) = opens_of(&snap, &args) else {
+            eprintln!("skipped: strace is not installed here or may not trace");
+            return;
+        };
+        assert_eq!(n, 1, "poolsight {command:?} opened the snapshot {n} times");
+    }
+}

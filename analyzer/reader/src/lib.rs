@@ -30,7 +30,9 @@
 //! - `pages`: giving pages back to the kernel, so a pass keeps little resident;
 //! - [`packed`]: the columns of packed event chunks, decoded (and encoded, for the packer);
 //! - [`names`]: the stable names of kinds in every output;
-//! - [`pack`]: writing a packed copy of a trace.
+//! - [`pack`]: writing a packed copy of a trace;
+//! - [`resolve`]: the [`Resolver`](resolve::Resolver) through which another tool's files are
+//!   read as traces.
 //!
 //! Opening the traces of one job together, replaying them and converting other tools' files is
 //! the analyzer's loading step (`poolsight_analyzer::load`).
@@ -40,6 +42,7 @@ pub mod names;
 pub mod pack;
 pub mod packed;
 mod pages;
+pub mod resolve;
 mod trace;
 mod types;
 mod verify;

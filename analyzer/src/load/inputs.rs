@@ -16,30 +16,7 @@ use poolsight_frames::FrameFilter;
 use super::{frames, LoadError, LoadOptions};
 use crate::read::{ReadError, Trace};
 
-/// Why a resolver could not convert a file (its message names the file).
-pub type ConvertError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Converts files that are not poolsight traces into traces.
-pub trait Resolver: Sync {
-    /// Whether the file at `path` is one this resolver converts (judged by its content)
-    /// rather than a trace.
-    fn converts(&self, path: &Path) -> bool;
-
-    /// Converts the files `paths` — those of one job it [`converts`](Resolver::converts), in
-    /// the order they were named — keeping the frames `frames` says; one [`Converted`] per
-    /// path, in their order.
-    fn convert(&self, paths: &[&Path], frames: FrameFilter)
-        -> Result<Vec<Converted>, ConvertError>;
-}
-
-/// A file converted into a trace.
-pub struct Converted {
-    /// The trace it was converted into.
-    pub trace: PathBuf,
-    /// What keeps that trace on disk (a temporary directory), dropped with the [`Input`]. The
-    /// trace keeps what the file recorded of its allocator (`whatif::Recorded::of_trace`).
-    pub keep: Box<dyn Any + Send + Sync>,
-}
+pub use crate::read::resolve::{ConvertError, Converted, Resolver};
 
 /// One file of a job, readable as a trace.
 pub struct Input {
@@ -71,8 +48,8 @@ pub struct Inputs {
 
 impl Inputs {
     /// The files at `paths`: a directory is an error; the files `opts.resolver` converts are
-    /// converted, all in one call (they are the ranks of one job); the others are read as
-    /// traces.
+    /// converted, all in one call (they are the ranks of one job), each opened once; the
+    /// others are read as traces.
     pub fn resolve<P: AsRef<Path>>(paths: &[P], opts: &LoadOptions) -> Result<Inputs, LoadError> {
         let paths: Vec<&Path> = paths.iter().map(AsRef::as_ref).collect();
         if let Some(dir) = paths.iter().find(|p| p.is_dir()) {
@@ -80,32 +57,33 @@ impl Inputs {
                 path: dir.to_path_buf(),
             });
         }
-        // Each file converted once: a file named twice is then one trace twice, which
-        // opening refuses as it refuses any trace named twice.
-        let mut foreign: Vec<&Path> = Vec::new();
-        if let Some(r) = opts.resolver {
-            for &p in &paths {
-                if !foreign.contains(&p) && r.converts(p) {
-                    foreign.push(p);
-                }
+        // Each file judged and converted once: a file named twice is then one trace twice,
+        // which opening refuses as it refuses any trace named twice.
+        let mut distinct: Vec<&Path> = Vec::new();
+        for &p in &paths {
+            if !distinct.contains(&p) {
+                distinct.push(p);
             }
         }
-        let converted: Vec<(PathBuf, Arc<dyn Any + Send + Sync>)> = match opts.resolver {
-            Some(r) if !foreign.is_empty() => r
-                .convert(&foreign, opts.frames.unwrap_or_default())
-                .map_err(LoadError::Convert)?
-                .into_iter()
-                .map(|c| (c.trace, Arc::from(c.keep)))
-                .collect(),
-            _ => Vec::new(),
+        let converted: Vec<Option<(PathBuf, Arc<dyn Any + Send + Sync>)>> = match opts.resolver {
+            Some(r) => {
+                let found = (r.resolve(&distinct, opts.frames.unwrap_or_default()))
+                    .map_err(LoadError::Convert)?;
+                if found.len() != distinct.len() {
+                    return Err(LoadError::Convert(
+                        "the converter answered for a different number of files".into(),
+                    ));
+                }
+                (found.into_iter())
+                    .map(|c| c.map(|c| (c.trace, Arc::from(c.keep))))
+                    .collect()
+            }
+            None => distinct.iter().map(|_| None).collect(),
         };
         let items = paths
             .iter()
             .map(|&p| {
-                let c = foreign
-                    .iter()
-                    .position(|&f| f == p)
-                    .and_then(|i| converted.get(i));
+                let c = (distinct.iter().position(|&f| f == p)).and_then(|i| converted[i].as_ref());
                 Input {
                     named: p.to_path_buf(),
                     trace: c.map_or_else(|| p.to_path_buf(), |c| c.0.clone()),

@@ -75,6 +75,17 @@ pub struct LoadWarning {
     pub warning: Warning,
 }
 
+impl LoadWarning {
+    /// The warning on one line, however many a verifier's message holds (what a front end
+    /// prints after `poolsight: warning: `).
+    pub fn one_line(&self) -> String {
+        self.to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
 impl fmt::Display for LoadWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.path.display(), self.warning)

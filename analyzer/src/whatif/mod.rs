@@ -15,6 +15,7 @@
 pub mod advice;
 mod check;
 pub mod devices;
+mod find;
 pub mod render;
 
 use rayon::prelude::*;
@@ -28,6 +29,7 @@ use poolsight_alloc_models::replay::{self as model_replay, Outcome};
 
 pub use check::{check, Check, HeldSegment};
 use devices::{devices, Device};
+pub use find::{find, open, FindError, Found};
 
 use crate::read::Trace;
 use crate::replay::request_line;
