@@ -266,8 +266,8 @@ fn every_key_diff_compares_is_in_the_rules_table() {
     );
 }
 
-/// The `poolsight*` crates a Cargo.toml's `[dependencies]` names, sorted.
-fn poolsight_dependencies(manifest: &str) -> Vec<String> {
+/// The crates a Cargo.toml's `[dependencies]` names, in order.
+fn dependencies(manifest: &str) -> Vec<String> {
     let mut inside = false;
     let mut out = Vec::new();
     for line in manifest.lines().map(str::trim) {
@@ -276,10 +276,18 @@ fn poolsight_dependencies(manifest: &str) -> Vec<String> {
             continue;
         }
         let name = line.split(['=', '.', ' ']).next().unwrap_or("");
-        if inside && name.starts_with("poolsight") {
+        if inside && !name.is_empty() && !name.starts_with('#') {
             out.push(name.to_string());
         }
     }
+    out
+}
+
+/// The `poolsight*` crates a Cargo.toml's `[dependencies]` names, sorted.
+fn poolsight_dependencies(manifest: &str) -> Vec<String> {
+    let mut out: Vec<String> = (dependencies(manifest).into_iter())
+        .filter(|d| d.starts_with("poolsight"))
+        .collect();
     out.sort();
     out
 }
@@ -300,23 +308,6 @@ fn manifests() -> std::collections::BTreeMap<String, String> {
     out
 }
 
-/// The external crates a manifest's `[dependencies]` names.
-fn external_dependencies(manifest: &str) -> Vec<String> {
-    let mut inside = false;
-    let mut out = Vec::new();
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            inside = line == "[dependencies]";
-            continue;
-        }
-        let name = line.split(['=', '.', ' ']).next().unwrap_or("");
-        if inside && !name.is_empty() && !name.starts_with('#') && !name.starts_with("poolsight") {
-            out.push(name.to_string());
-        }
-    }
-    out
-}
-
 #[test]
 fn only_views_and_export_link_inferno_arrow_or_parquet() {
     // What only wants a trace read, or its figures, compiles none of them: the analyzer and
@@ -330,7 +321,7 @@ fn only_views_and_export_link_inferno_arrow_or_parquet() {
             continue;
         }
         let text = &manifests[&name];
-        let linked: Vec<String> = (external_dependencies(text).into_iter())
+        let linked: Vec<String> = (dependencies(text).into_iter())
             .filter(|d| heavy(d))
             .collect();
         assert!(linked.is_empty(), "{name} depends on {linked:?}");
@@ -338,8 +329,8 @@ fn only_views_and_export_link_inferno_arrow_or_parquet() {
     }
     assert!(seen.contains("poolsight-reader"), "{seen:?}");
     // And the crates that draw and export do link them: the test would catch a rename.
-    assert!(external_dependencies(&manifests["poolsight-views"]).contains(&"inferno".into()));
-    assert!(external_dependencies(&manifests["poolsight-export"]).contains(&"parquet".into()));
+    assert!(dependencies(&manifests["poolsight-views"]).contains(&"inferno".into()));
+    assert!(dependencies(&manifests["poolsight-export"]).contains(&"parquet".into()));
 }
 
 #[test]
@@ -362,20 +353,9 @@ fn the_crate_table_is_each_cargo_toml() {
         deps.sort();
         said.insert(cells[0].to_string(), deps);
     }
-    let mut found = std::collections::BTreeMap::new();
-    for manifest in tree().iter().filter(|p| p.ends_with("Cargo.toml")) {
-        let text = std::fs::read_to_string(root().join(manifest)).expect("a manifest");
-        let Some(name) = (text.lines())
-            .skip_while(|l| l.trim() != "[package]")
-            .find_map(|l| l.trim().strip_prefix("name = "))
-        else {
-            continue; // a manifest of a workspace alone names no crate
-        };
-        found.insert(
-            name.trim_matches('"').to_string(),
-            poolsight_dependencies(&text),
-        );
-    }
+    let found: std::collections::BTreeMap<String, Vec<String>> = (manifests().into_iter())
+        .map(|(name, text)| (name, poolsight_dependencies(&text)))
+        .collect();
     assert_eq!(
         said, found,
         "docs/architecture.md's crate table against the Cargo.toml files"
