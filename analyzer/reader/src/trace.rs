@@ -198,7 +198,9 @@ impl Trace {
         unsafe { fb::size_prefixed_root_as_chunk_unchecked(buf) }
     }
 
-    /// Memory events of a `Mem` chunk, in place or decoded (empty for other kinds).
+    /// Memory events of a `Mem` chunk, in place or decoded (empty for other kinds). Inlined
+    /// into the replay's loops (another crate's), which iterate what it gives.
+    #[inline]
     pub fn mem_events(&self, c: &ChunkInfo) -> Events<'_, fb::MemEvent> {
         let events = self.events(c, Packed::Mem, packed::decode_mem, |b| {
             b.body_as_mem_events().and_then(|b| b.events())
@@ -206,6 +208,7 @@ impl Trace {
         self.renumbered(events, |e, id| e.set_stack(id(e.stack())))
     }
 
+    #[inline]
     pub fn scope_events(&self, c: &ChunkInfo) -> Events<'_, fb::ScopeEvent> {
         let events = self.events(c, Packed::Scope, packed::decode_scope, |b| {
             b.body_as_scope_events().and_then(|b| b.events())
@@ -218,6 +221,7 @@ impl Trace {
         })
     }
 
+    #[inline]
     pub fn mark_events(&self, c: &ChunkInfo) -> Events<'_, fb::MarkEvent> {
         let events = self.events(c, Packed::Mark, packed::decode_mark, |b| {
             b.body_as_mark_events().and_then(|b| b.events())
