@@ -21,7 +21,10 @@
 //!    step, and still live when that forward began.
 //! 6. **activation**: made outside backward and optimizer steps, still live when a backward
 //!    pass that came after it began (autograd saved it), or never freed.
-//! 7. **temporary**: everything else: made and freed before any backward pass used it.
+//! 7. **temporary**: everything else: made and freed before any backward pass used it; and,
+//!    whenever it was made, a library's workspace ([`workspace_frame`]: cuBLAS's, which each
+//!    thread's handle takes on its first matrix product and keeps), scratch that no tensor
+//!    owns, whose life says nothing of what it is.
 //!
 //! The inference needs only what a stack says of itself ([`Evidence`]) and the order of
 //! events: it is a pure function of them.
@@ -47,6 +50,8 @@ pub struct Evidence {
     /// The model runs in it: a module's `forward`, or a function named `closure` of the
     /// user's (what `optimizer.step(closure)` runs is the model's, not the optimizer's).
     pub model: bool,
+    /// A library took it for its workspace ([`workspace_frame`]).
+    pub workspace: bool,
 }
 
 impl Evidence {
@@ -107,6 +112,7 @@ pub fn evidence_of(raw: &[(&str, &str, u32)]) -> Evidence {
     let mut owner: Option<&str> = None;
     for &(name, file, _) in raw {
         if !file.ends_with(".py") {
+            e.workspace |= workspace_frame(name);
             continue;
         }
         e.python = true;
@@ -273,6 +279,9 @@ fn single_categories(lives: &[Life]) -> Vec<&'static str> {
             if e.before && !e.has_stack {
                 return BEFORE_RECORDING;
             }
+            if e.workspace {
+                return TEMPORARY;
+            }
             match part(e) {
                 Part::Backward if outlives(l, part_end[i]) => GRADIENT,
                 Part::Optimizer if outlives(l, part_end[i]) => OPTIMIZER_STATE,
@@ -304,6 +313,14 @@ fn single_categories(lives: &[Life]) -> Vec<&'static str> {
             }
         })
         .collect()
+}
+
+/// Whether a native frame is a library taking its workspace (rule 7): cuBLAS's through
+/// PyTorch's handle pool (`at::cuda::getNewWorkspace()`, `getCUDABlasLtWorkspace()`, one per
+/// thread's handle and stream, kept for the life of the process, so the autograd thread's
+/// would read as a gradient and the forward thread's as an activation).
+pub fn workspace_frame(name: &str) -> bool {
+    name.starts_with("at::cuda::getNewWorkspace") || name.contains("getCUDABlasLtWorkspace")
 }
 
 /// Whether a Python frame says the block is a parameter being made (rule 4).
@@ -364,6 +381,46 @@ mod tests {
             freed_before,
             prev: None,
         }
+    }
+
+    #[test]
+    fn a_cublas_workspace_is_temporary_in_forward_and_in_backward() {
+        // As the real snapshots' stacks read (C++ frames, outermost first): each thread's
+        // cuBLAS handle takes its workspace on its first matrix product and keeps it.
+        let backward = evidence_of(&[
+            ("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)", "??", 0),
+            ("torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)", "??", 0),
+            ("at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)", "??", 0),
+            ("at::cuda::getCurrentCUDABlasHandle()", "??", 0),
+            ("at::cuda::getNewWorkspace()", "??", 0),
+        ]);
+        assert!(backward.backward && backward.workspace, "{backward:?}");
+        let forward = evidence_of(&[
+            ("forward", "model.py", 22),
+            ("einsum", "torch/functional.py", 402),
+            ("at::cuda::getCurrentCUDABlasHandle()", "??", 0),
+            ("at::cuda::getNewWorkspace()", "??", 0),
+        ]);
+        assert!(forward.forward && forward.workspace, "{forward:?}");
+        let plain_bwd = evidence_of(&[(
+            "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)",
+            "??",
+            0,
+        )]);
+        assert!(plain_bwd.backward && !plain_bwd.workspace);
+        // Never freed: without the rule, a gradient and an activation.
+        let lives = [
+            life(forward, None),
+            life(plain_bwd, None),
+            life(backward, None),
+            life(plain_bwd, None),
+        ];
+        assert_eq!(
+            categories(&lives),
+            [TEMPORARY, GRADIENT, TEMPORARY, GRADIENT]
+        );
+        assert!(workspace_frame("void at::cuda::getCUDABlasLtWorkspace()"));
+        assert!(!workspace_frame("at::cuda::getCurrentCUDABlasHandle()"));
     }
 
     #[test]
