@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 pub use frames::FrameFilter;
 use poolsight_recorder::{ImportInfo, RecorderError};
-pub use resolver::{is_pytorch_file, ranks_of, PyTorchFiles};
+pub use resolver::{ranks_of, PyTorchFiles};
 
 /// What a file is, judged by its first bytes (never by its name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,9 +9,7 @@ use poolsight_alloc_models::pytorch::Settings;
 use poolsight_reader::resolve::{ConvertError, Converted as Resolved, Resolver};
 
 use crate::settings::AllocatorState;
-use crate::{
-    convert_opened, detect_file, detect_opened, rank_from_name, FrameFilter, Kind, Options,
-};
+use crate::{convert_opened, detect_opened, rank_from_name, FrameFilter, Kind, Options};
 
 /// Watches one conversion, for a progress display: told the input bytes read so far; dropped
 /// when the conversion ends, however it ends.
@@ -28,11 +26,6 @@ pub type Progress<'a> = &'a (dyn Fn(&Path, u64) -> Box<dyn Watch> + Sync);
 pub struct PyTorchFiles<'a> {
     /// Watches each conversion (`None`: nothing is shown).
     pub progress: Option<Progress<'a>>,
-}
-
-/// Whether `path` is a PyTorch file to convert (by its content) rather than a trace.
-pub fn is_pytorch_file(path: &Path) -> bool {
-    !path.is_dir() && matches!(detect_file(path), Ok(Kind::Snapshot | Kind::Profile))
 }
 
 /// The ranks of the files of one job: `rank` for one file, else from the names

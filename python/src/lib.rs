@@ -682,10 +682,7 @@ fn pack<'py>(
 fn peak<'py>(py: Python<'py>, trace: std::path::PathBuf) -> PyResult<Bound<'py, PyDict>> {
     use poolsight::analyzer::{load, views::flamegraph};
     // Loaded as `poolsight report` loads it: PyTorch files converted, the user's frames.
-    let opts = load::LoadOptions {
-        frames: None,
-        resolver: Some(&poolsight::import::PyTorchFiles { progress: None }),
-    };
+    let opts = whatif::loading(None);
     let replay = poolsight::analyzer::ReplayOptions {
         live_at_peak: true,
         ..Default::default()

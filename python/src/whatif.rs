@@ -16,7 +16,7 @@ use poolsight::import::PyTorchFiles;
 use crate::PoolsightError;
 
 /// How the Python module loads files: PyTorch's converted, stacks as `frames` says.
-fn loading(frames: Option<FrameFilter>) -> LoadOptions<'static> {
+pub(crate) fn loading(frames: Option<FrameFilter>) -> LoadOptions<'static> {
     const FILES: PyTorchFiles<'static> = PyTorchFiles { progress: None };
     LoadOptions {
         frames,
