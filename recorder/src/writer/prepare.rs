@@ -11,10 +11,14 @@
 //!   (never past the size cap, `max_bytes` or `RLIMIT_FSIZE`) and faults the first [`ahead`]
 //!   bytes of it in for writing (`MADV_POPULATE_WRITE`: the kernel does exactly what a write
 //!   fault does, content unchanged). How far ahead grows with what was written: [`MIN_AHEAD`]
-//!   at first, as far as the file already holds after that, [`AHEAD`] at most. A recording
-//!   that writes a few hundred kilobytes (a short run, a test) so never makes the kernel zero
-//!   16 MiB of pages it will not use (about 8 ms of a core at the start of every recording,
-//!   and the page cache they take until the trim at finish), while a fast writer doubles the
+//!   at first, a quarter of the file's size after that (rounded up to a power of two: between
+//!   a quarter and a half of what was written), [`AHEAD`] at most. A recording that writes a
+//!   few hundred kilobytes (a short run, a test) so never makes the kernel zero 16 MiB of pages
+//!   it will not use (about 8 ms of a core at the start of every recording, and the page cache
+//!   they take until the trim at finish), and what is faulted in past the end of any
+//!   recording, work for nothing, is at most half of what it wrote (the whole of it when the
+//!   distance was as far as the file held: the benchmark of `track()` measured those pages
+//!   at 5-10 % of what recording a training run costs), while a fast writer still doubles the
 //!   distance with every doubling of the file;
 //! - in ring mode, the next slots after the ring cursor, [`AHEAD`] bytes of them: faulted in on
 //!   the first lap, and made writable again on later laps after writeback cleaned them.
@@ -67,11 +71,11 @@ pub(crate) const AHEAD: u64 = 16 << 20;
 /// of the kernel's work.
 pub(crate) const MIN_AHEAD: u64 = 1 << 20;
 
-/// How far past `bump` (the bytes written so far) the bump region is prepared: as far as the
-/// file already holds, rounded up to a power of two, between [`MIN_AHEAD`] and [`AHEAD`].
+/// How far past `bump` (the bytes written so far) the bump region is prepared: a quarter of
+/// it rounded up to a power of two, between [`MIN_AHEAD`] and [`AHEAD`].
 pub(crate) fn ahead(bump: u64) -> u64 {
     bump.checked_next_power_of_two()
-        .unwrap_or(AHEAD)
+        .map_or(AHEAD, |p| p / 4)
         .clamp(MIN_AHEAD, AHEAD)
 }
 
@@ -298,8 +302,10 @@ mod tests {
         use super::{ahead, AHEAD, MIN_AHEAD};
         assert_eq!(ahead(0), MIN_AHEAD);
         assert_eq!(ahead(300 << 10), MIN_AHEAD);
-        assert_eq!(ahead((3 << 20) + 1), 4 << 20);
-        assert_eq!(ahead(AHEAD), AHEAD);
+        assert_eq!(ahead((3 << 20) + 1), MIN_AHEAD);
+        assert_eq!(ahead((12 << 20) + 1), 4 << 20);
+        assert_eq!(ahead(AHEAD), AHEAD / 4);
+        assert_eq!(ahead(4 * AHEAD), AHEAD);
         assert_eq!(ahead(u64::MAX / 2 + 7), AHEAD);
     }
 
@@ -322,7 +328,8 @@ mod tests {
             "{early} bytes faulted in before anything was written ({} reserved)",
             rec.handle().shared.file.written()
         );
-        // One that writes much is prepared AHEAD past what it wrote.
+        // One that writes much is allocated further past what it wrote: twice a quarter of it
+        // (rounded up to a power of two), here AHEAD.
         let handle = rec.handle();
         let record = crate::MemRecord::new(crate::MemKind::AllocPost, 0, 0);
         let mut n = 0;
