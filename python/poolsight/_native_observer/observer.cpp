@@ -23,8 +23,8 @@
 //   that track carry this one: a storage recorded here and freed on another thread (a queue's
 //   consumer, a checkpoint writer) is not reported. Every recorded storage whose free the
 //   allocator would report is therefore also held weakly (a "backstop" slot, let go when the
-//   report comes), and one such slot is looked at per look, two looks per operator: a free
-//   on another thread is told within about as many operators as there are such storages.
+//   report comes), and one such slot is looked at per operator, at its end: a free on another
+//   thread is told within about as many operators as there are such storages.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -183,16 +183,19 @@ void let_go(uint64_t number, std::vector<Weak>& dropped) {
 
 // Tells the storages watched that are gone (their data freed): before an operator begins and
 // before one's outputs are recorded, so that a free comes before what is allocated after it.
-// `all`: every storage watched (when tracking ends), else the next kSweepBatch of them and one
-// backstop slot. `outs`: the outputs of an operator about to be recorded, whose reported
-// storages each take a backstop slot (under the same lock).
-void sweep(const Table* t, bool all = false, std::vector<Output>* outs = nullptr) {
+// `all`: every storage watched and every backstop slot (when tracking ends), else the next
+// kSweepBatch watched storages, and with `backstop` the next backstop slot taken. `outs` (with
+// their `impls`): the outputs of an operator about to be recorded; each reported one takes a
+// backstop slot holding a weak reference to its storage, under the same lock, so that an
+// operator's end takes the lock once.
+void sweep(const Table* t, bool all, bool backstop, std::vector<Output>* outs = nullptr,
+           const std::vector<c10::StorageImpl*>* impls = nullptr) {
   bool reported = false;
   if (outs != nullptr) {
     for (const auto& o : *outs) reported = reported || o.reported != 0;
   }
   if (!reported && watched.load(std::memory_order_relaxed) == 0 &&
-      backstopped.load(std::memory_order_relaxed) == 0) {
+      (!backstop || backstopped.load(std::memory_order_relaxed) == 0)) {
     return;
   }
   std::vector<std::pair<uint64_t, uint64_t>> gone;
@@ -201,7 +204,7 @@ void sweep(const Table* t, bool all = false, std::vector<Output>* outs = nullptr
     std::lock_guard<std::mutex> guard(watch_mutex);
     // The backstop: every slot when tracking ends, else the next one taken (the scan over free
     // slots bounded).
-    const size_t looks = all ? slots.size() : std::min<size_t>(slots.size(), 8);
+    const size_t looks = all ? slots.size() : backstop ? std::min<size_t>(slots.size(), 8) : 0;
     for (size_t k = 0, found = 0; k < looks && (all || found < 1); k++) {
       if (backstop_at >= slots.size()) backstop_at = 0;
       auto& slot = slots[backstop_at];
@@ -214,8 +217,16 @@ void sweep(const Table* t, bool all = false, std::vector<Output>* outs = nullptr
       }
     }
     if (outs != nullptr) {
-      for (auto& o : *outs) {
-        if (o.reported != 0) o.watch = take_slot();
+      for (size_t i = 0; i < outs->size(); i++) {
+        auto& o = (*outs)[i];
+        if (o.reported == 0) continue;
+        o.watch = take_slot();
+        // Alive until the operator's end returns (`fn.outputs()` holds it).
+        auto strong =
+            c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning((*impls)[i]);
+        auto& slot = slots[static_cast<uint32_t>(o.watch)];
+        slot.storage.emplace(Weak(strong));
+        slot.key = o.key;
       }
     }
     backstopped.store(slots_taken, std::memory_order_relaxed);
@@ -365,7 +376,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     it = here.kinds.emplace(name, learn(fn)).first;
   }
   if (it->second.composite) return nullptr;
-  sweep(t);
+  // The watched storages only: the backstop is looked at once per operator, at its end.
+  sweep(t, false, false);
   here.inside = 1;
   here.fresh.clear();
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
@@ -433,34 +445,30 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
   }
   // The frees found since the last operator first; the reported outputs take their slots.
-  sweep(t, false, &outs);
+  sweep(t, false, true, &outs, &impls);
   t->op_end(t->ctx, handle, outs.data(), outs.size(), raised ? 1 : 0);
+  // What `op_end` decided, under the lock again only when there is something to keep or let
+  // go: a reported output it did not record (seen before), or one recorded that the
+  // allocator will not report (watched from now on).
   bool any = false;
-  for (const auto& o : outs) any = any || o.watch != 0;
+  for (const auto& o : outs) {
+    any = any || (o.reported != 0 && o.recorded == 0) || (o.reported == 0 && o.watch != 0);
+  }
   if (any) {
     std::vector<Weak> dropped;
     std::lock_guard<std::mutex> guard(watch_mutex);
     for (size_t i = 0; i < outs.size(); i++) {
       const auto& o = outs[i];
       if (o.watch == 0) continue;
-      if (o.recorded == 0) {
-        // Seen before (an in-place operator's output): no weak reference.
-        let_go(o.watch, dropped);
+      if (o.reported != 0) {
+        // Seen before (an in-place operator's output): its slot is let go.
+        if (o.recorded == 0) let_go(o.watch, dropped);
         continue;
       }
+      if (o.recorded == 0) continue;
       auto strong =
           c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
-      Weak weak(strong);
-      if (o.reported != 0) {
-        // The allocator reports its free (on a thread that tracks); the slot is the backstop.
-        const auto at = static_cast<uint32_t>(o.watch);
-        if (at < slots.size() && slot_number(at) == o.watch) {
-          slots[at].storage.emplace(std::move(weak));
-          slots[at].key = o.key;
-        }
-      } else {
-        watches.push_back({std::move(weak), o.key, o.watch});
-      }
+      watches.push_back({Weak(strong), o.key, o.watch});
     }
     watched.store(watches.size(), std::memory_order_relaxed);
     backstopped.store(slots_taken, std::memory_order_relaxed);
@@ -519,7 +527,7 @@ uint64_t poolsight_observer_remove() {
   }
   // The storages watched that are gone by now are freed in the trace; the rest were live when
   // tracking ended.
-  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true);
+  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true, true);
   table.store(nullptr, std::memory_order_release);
   // Let go of after the lock is (the last reference to a storage deletes it).
   std::vector<Watch> old_watches;
