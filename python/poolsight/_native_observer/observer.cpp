@@ -465,7 +465,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         if (o.recorded == 0) let_go(o.watch, dropped);
         continue;
       }
-      if (o.recorded == 0) continue;
+      // Recorded (`op_end` numbers only what it records) and not reported: watched.
       auto strong =
           c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
       watches.push_back({Weak(strong), o.key, o.watch});

@@ -15,11 +15,11 @@
 //!   a quarter and a half of what was written), [`AHEAD`] at most. A recording that writes a
 //!   few hundred kilobytes (a short run, a test) so never makes the kernel zero 16 MiB of pages
 //!   it will not use (about 8 ms of a core at the start of every recording, and the page cache
-//!   they take until the trim at finish), and what is faulted in past the end of any
-//!   recording, work for nothing, is at most half of what it wrote (the whole of it when the
-//!   distance was as far as the file held: the benchmark of `track()` measured those pages
-//!   at 5-10 % of what recording a training run costs), while a fast writer still doubles the
-//!   distance with every doubling of the file;
+//!   they take until the trim at finish), and past its first 2 MiB what is faulted in beyond
+//!   the end of a recording, work for nothing, is at most half of what it wrote (when the
+//!   distance was as far as the file held, a 2.3 MB trace of `torch_overhead.py` had 6.25 MiB
+//!   faulted in; now 2.2 MB has 2.8 MiB), while a fast writer still doubles the distance with
+//!   every doubling of the file;
 //! - in ring mode, the next slots after the ring cursor, [`AHEAD`] bytes of them: faulted in on
 //!   the first lap, and made writable again on later laps after writeback cleaned them.
 //!
