@@ -283,7 +283,7 @@ class _State:
         if is_fake():
             return "fake_cuda is active (fake tensors take no memory for PyTorch to report)"
         if torch.autograd.profiler._is_profiler_enabled:
-            return "a torch.profiler is running (its memory reports would hide poolsight's)"
+            return "a torch.profiler is running (it holds the thread's one profiler state)"
         from . import _native_observer
 
         try:
@@ -301,7 +301,7 @@ class _State:
         if lib.poolsight_observer_enter() != 0:
             self.hot.native = False
             lib.poolsight_observer_remove()
-            return "a torch.profiler is running (its memory reports would hide poolsight's)"
+            return "a torch.profiler is running (it holds the thread's one profiler state)"
         self.observer = lib
         self._profiler_steps_aside(lib)
         return None
@@ -342,15 +342,8 @@ class _State:
             lib, self.observer = self.observer, None
             self._profiler_back()
             lib.poolsight_observer_exit()
-            hidden = lib.poolsight_observer_remove()
+            lib.poolsight_observer_remove()
             self.hot.native = False
-            if hidden:
-                print(
-                    f"poolsight: a profiler ran inside track() for {hidden:,} operator calls; "
-                    "frees it reported to itself are missing from the trace (use "
-                    "backend='python' to record under a profiler)",
-                    file=sys.stderr,
-                )
         elif self.mode is not None:
             mode, self.mode = self.mode, None
             mode.__exit__(None, None, None)
@@ -687,8 +680,9 @@ def track(
     outside, e.g. a dataset loaded before).
 
     ``backend`` says what sees every operator: ``"native"``, PyTorch's own C++ callbacks
-    (``RecordFunction`` for operators, the allocator's reports for frees), compiled against the
-    installed PyTorch on first use and cached (see docs/python.md); ``"python"``, a
+    (``RecordFunction`` for operators; for frees, a deleter of its own in front of each recorded
+    storage's), compiled against the installed PyTorch on first use and cached (see
+    docs/python.md); ``"python"``, a
     ``TorchDispatchMode``; ``"auto"`` (the default), the native one where it can be had, else
     the Python one with one line on stderr saying why (no compiler, a failed build, a profiler
     running, ``stacks="python"``). ``"native"`` raises where it cannot be had."""

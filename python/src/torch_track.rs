@@ -106,11 +106,11 @@ struct Seen {
     device: u32,
     /// The stack a relabelling records it under (without its category).
     base: u32,
-    /// The number the native observer watches it by (0: not watched): every storage it
-    /// records, whether the allocator reports its free or not (see `native.rs`).
+    /// The number the native observer watches it by (0: not watched): a storage it records
+    /// whose free none of its deleters tells (see `native.rs`).
     watch: u64,
     /// The weakref whose callback records its free (kept alive here); None for an operator's
-    /// output under the native observer (the allocator reports the free, or it is watched).
+    /// output under the native observer (its deleter tells the free, or it is watched).
     _weakref: Option<Py<PyAny>>,
 }
 
@@ -128,8 +128,8 @@ struct Storages {
     seen: Map<u64, Seen>,
     /// The `_cdata` of a storage by the address of the weakref that watches it.
     by_weakref: Map<usize, u64>,
-    /// The key of a storage recorded under the native observer by its address (the
-    /// allocator reports frees by address).
+    /// The key of a storage recorded under the native observer by its address (its deleter
+    /// tells frees by address).
     by_ptr: Map<u64, u64>,
     /// PyTorch's device index (-1: CPU) -> the trace's device id.
     devices: Map<i64, u32>,

@@ -164,10 +164,34 @@ def test_many_storages_made_before_tracking_are_freed_without_a_sweep_of_all_per
     assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
 
 
+def test_memory_shared_with_numpy_is_watched_and_freed_in_the_trace(native, tmp_path):
+    # A storage over a NumPy array has a deleter whose context is the array, not the data: the
+    # observer cannot put its own in front, so it watches the storage through a weak reference
+    # and records the free when it finds it expired, a few operators later.
+    import numpy as np
+
+    trace = tmp_path / "numpy.pstrace"
+    arrays = [np.ones(1024, dtype=np.float32) for _ in range(200)]  # 819,200 bytes
+    data = [torch.from_numpy(a) for a in arrays]
+    with poolsight.record(trace), pst.track(backend="native"):
+        views = [d.view(-1) for d in data]
+        del views, data, arrays
+        a = torch.zeros(64)  # 256 bytes
+        for _ in range(20):
+            a = a + 1
+        big = torch.zeros(2_000_000)  # 8,000,000 bytes, once the arrays are gone
+        del big
+    cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
+    assert cats["input"]["max_bytes"] >= 819_200
+    assert cats["input"]["at_end_bytes"] == 256  # `a` alone
+    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
+
+
 def test_data_made_before_tracking_is_freed_without_pytorchs_profiler_warning(native, tmp_path):
     # PyTorch's CPU allocator warns at the first free of a block it has no size for while
-    # memory is reported, naming a profiler: under native track() that is data made before
-    # tracking, which the trace handles. A fresh process, as the warning comes once.
+    # memory is reported, naming a profiler: native track() asks it for no memory reports (its
+    # deleters tell the frees), so data made before tracking and freed inside it does not
+    # bring the warning. A fresh process, as the warning comes once.
     program = (
         "import poolsight, poolsight.torch as pst, torch\n"
         "before = torch.zeros(1000)\n"
@@ -239,9 +263,9 @@ def test_a_model_that_outlives_its_recordings_keeps_none_of_them(native, tmp_pat
 
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_storages_freed_on_another_thread_are_freed_in_the_trace(native, tmp_path, backend):
-    # A queue's consumer lets go of what the training thread made: the allocator reports that
-    # free on the consumer's thread, which does not track, so the native observer finds it
-    # from its weak reference some operators later.
+    # A queue's consumer lets go of what the training thread made, on a thread that does not
+    # track: the storage's deleter (the observer's, in front of the allocator's) tells the free
+    # there and then, before the next operator of the training thread.
     import queue
     import threading
 
@@ -258,15 +282,12 @@ def test_storages_freed_on_another_thread_are_freed_in_the_trace(native, tmp_pat
     with poolsight.record(trace), pst.track(backend=backend):
         handed.put(torch.ones(1_000_000))  # 4,000,000 bytes, freed on the consumer's thread
         assert taken.wait(30)
-        a = torch.zeros(64)  # 256 bytes
-        for _ in range(20):
-            a = a + 1
-        big = torch.zeros(2_000_000)  # 8,000,000 bytes, after the 4 MB is gone
+        big = torch.zeros(2_000_000)  # 8,000,000 bytes, the first operator after the 4 MB went
         del big
     other.join()
     cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
-    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000 + 256
-    assert cats["input"]["at_end_bytes"] == 256
+    assert report_json("categories", trace)["peak_used_bytes"] == 8_000_000
+    assert cats["input"]["at_end_bytes"] == 0
 
 
 @pytest.mark.parametrize("backend", ["native", "python"])
@@ -425,9 +446,7 @@ def test_a_profiler_running_means_the_python_backend_and_both_record(native, tra
     assert {"parameter", "activation"} <= cats
 
 
-def test_a_profiler_started_inside_native_track_works_and_poolsight_says_what_it_missed(
-    native, trace, capsys
-):
+def test_a_profiler_started_inside_native_track_works_and_misses_no_free(native, trace, capsys):
     from torch.profiler import ProfilerActivity, profile
 
     model = nn.Linear(8, 8)
@@ -435,11 +454,22 @@ def test_a_profiler_started_inside_native_track_works_and_poolsight_says_what_it
         model(torch.randn(4, 8)).sum().backward()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             model(torch.randn(4, 8)).sum().backward()
+            during = torch.ones(1_000_000)  # 4,000,000 bytes, made and freed under the profiler
+            del during
+            after = torch.ones(2_000_000)  # 8,000,000 bytes, the next operator
+            del after
         model(torch.randn(4, 8)).sum().backward()
+    # The profiler saw its operators and the allocator's memory reports ...
     assert "aten::addmm" in {e.key for e in prof.key_averages()}
     assert any(e.cpu_memory_usage for e in prof.key_averages())
-    err = capsys.readouterr().err
-    assert "a profiler ran inside track() for" in err and "backend='python'" in err
+    # ... and the trace every free, those under the profiler too: nothing made while tracking
+    # is left but what the model keeps (its parameters and their gradients).
+    assert capsys.readouterr().err == ""
+    cats = {c["category"]: c for c in report_json("categories", trace)["categories"]}
+    # The 4 MB was gone before the 8 MB came (told at once, not found later).
+    assert 8_000_000 <= report_json("categories", trace)["peak_used_bytes"] < 8_100_000
+    for name in ("input", "activation", "temporary"):
+        assert cats.get(name, {"at_end_bytes": 0})["at_end_bytes"] == 0, name
 
 
 def test_backend_names_are_checked(trace):

@@ -24,7 +24,7 @@ import tempfile
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "observer.cpp")
 
 #: The table layout ``observer.cpp`` reads (``TABLE_VERSION`` in ``torch_track/native.rs``).
-TABLE_VERSION = 3
+TABLE_VERSION = 4
 
 
 class Unavailable(Exception):
@@ -153,7 +153,7 @@ def load() -> ctypes.CDLL:
     lib.poolsight_observer_version.restype = ctypes.c_uint32
     lib.poolsight_observer_install.argtypes = [ctypes.c_void_p]
     lib.poolsight_observer_install.restype = ctypes.c_int
-    lib.poolsight_observer_remove.restype = ctypes.c_uint64
+    lib.poolsight_observer_remove.restype = None
     lib.poolsight_observer_enter.restype = ctypes.c_int
     lib.poolsight_observer_exit.restype = None
     lib.poolsight_observer_pause.restype = None

@@ -13,31 +13,30 @@
 //   before PyTorch's Python key: `aten::linear` into `aten::t` and `aten::addmm`); operators
 //   called inside it are its kernel's own, as inside a dispatch mode. Each such operator opens a
 //   scope, and the storages of its outputs not seen before are recorded at its end.
-// - Frees: the allocator's reports (`c10::reportMemoryUsage`, what `profile_memory` uses),
-//   through a profiler state that reads as "no profiler" to PyTorch's own checks. An allocator
-//   reports the free of a block only if it reported its allocation to a profiler state (the CPU
-//   allocator keeps sizes only from then on): an output whose block was not allocated inside
-//   the operator (data made before tracking began, first seen through a view) is watched
-//   instead, through a weak reference to its storage, and its free told when that expires.
-// - The allocator reports a free to the freeing thread's profiler state, and only the threads
-//   that track carry this one: a storage recorded here and freed on another thread (a queue's
-//   consumer, a checkpoint writer) is not reported. Every recorded storage whose free the
-//   allocator would report is therefore also held weakly (a "backstop" slot, let go when the
-//   report comes), and one such slot is looked at per operator, at its end: a free on another
-//   thread is told within about as many operators as there are such storages.
+// - Frees: each storage recorded gets the observer's deleter in front of its allocator's (the
+//   `DataPtr`'s deleter swapped, its context kept), which tells the free and then frees as
+//   before: on whichever thread lets the storage go, at the moment it does, whoever made it and
+//   whatever runs beside (a `torch.profiler` started inside `track()`). The allocator is not
+//   asked to report memory: PyTorch's per-allocation bookkeeping for memory reports (a size
+//   table under a lock, for every block) is not paid, and every other block's free costs
+//   nothing. A storage whose deleter cannot be swapped (its context is not its data: memory
+//   shared with NumPy, a lazy clone's) is watched instead, through a weak reference, and its
+//   free told when that is found expired (a few operators late at most).
+// - The threads that track are marked by a profiler state that reads as "no profiler" to
+//   PyTorch's own checks and reports no memory: PyTorch hands it to autograd's workers with the
+//   rest of a thread's debug info.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/util/Logging.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <exception>
@@ -46,7 +45,9 @@
 #include <optional>
 #include <pthread.h>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -58,13 +59,13 @@ struct Output {
   uint64_t bytes;
   int32_t device_type;
   int32_t device_index;
-  // 1: its block was allocated inside this operator, so the allocator will report its free.
+  // 1: its free will be told by the observer's deleter (set before `op_end`, and taken back
+  // when `op_end` does not record it).
   uint32_t reported;
   // Set by `op_end` (1) for a storage it recorded.
   uint32_t recorded;
-  // The number `unwatched` gives back when the storage is gone: for a reported one, its
-  // backstop slot's (set here before `op_end`); else set by `op_end` (nonzero) for a storage
-  // it recorded.
+  // The number `unwatched` gives back when the storage is gone: set by `op_end` (nonzero) for a
+  // storage it recorded whose free no deleter tells.
   uint64_t watch;
 };
 
@@ -76,14 +77,13 @@ struct Table {
   uint32_t (*op_begin)(void* ctx, const char* name, uint32_t view, uint32_t in_backward,
                        int64_t node_sequence);
   void (*op_end)(void* ctx, uint32_t handle, Output* outputs, size_t n, uint32_t raised);
-  // A reported free; returns the number the storage was watched by (0: none), so that its
-  // backstop slot is let go.
+  // A free told by the observer's deleter (the return value is not used).
   uint64_t (*freed)(void* ctx, uint64_t ptr, int32_t device_type, int32_t device_index);
   // A watched storage (see `Output::watch`) is gone.
   void (*unwatched)(void* ctx, uint64_t key, uint64_t watch);
 };
 
-constexpr uint32_t kTableVersion = 3;
+constexpr uint32_t kTableVersion = 4;
 
 // What an operator is, learnt once per name (per thread: no lock on the way).
 struct OpKind {
@@ -100,14 +100,13 @@ struct PerThread {
   // PyTorch would own: one heap allocation less per operator, and the allocator's small-block
   // bins, which the operators' own tensors share, churn less.
   uint32_t handle = 0;
-  // The blocks the allocator reported allocating on this thread since the operator the mode
-  // sees began: the outputs whose frees it will report.
-  std::vector<uint64_t> fresh;
   // An operator's outputs and their storages, kept between operators so that their memory is
   // reused (an `on_end` inside another's, from a Python callback, finds them empty and uses
   // its own).
   std::vector<Output> outs;
   std::vector<c10::StorageImpl*> impls;
+  // For each output, the deleter slot swapped in before `op_end` (-1: none swapped).
+  std::vector<int> swapped;
 };
 thread_local PerThread local;
 
@@ -120,8 +119,6 @@ struct Watch {
 std::mutex watch_mutex;
 std::vector<Watch> watches;
 std::atomic<size_t> watched{0};
-// Backstop slots taken (see below), for the sweep to pass over at once when there are none.
-std::atomic<size_t> backstopped{0};
 
 // How many watched storages one sweep looks at, at most: with more watched (thousands of
 // tensors made before tracking, each seen through a view), a sweep per operator would cost
@@ -130,106 +127,19 @@ constexpr size_t kSweepBatch = 32;
 // Where the next sweep begins (guarded by `watch_mutex`).
 size_t sweep_at = 0;
 
-// The backstop (see the top of this file): slots of the recorded storages whose frees the
-// allocator reports, each a weak reference until the report lets it go or it is found gone.
-// A slot's number (`Output::watch`) has kBackstop set, its generation and its index, so that
-// a number let go twice, or after its slot was reused, does nothing. Guarded by `watch_mutex`.
-constexpr uint64_t kBackstop = uint64_t{1} << 63;
-struct Slot {
-  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;
-  uint64_t key = 0;
-  uint32_t generation = 0;
-  bool taken = false;
-};
-std::vector<Slot> slots;
-std::vector<uint32_t> free_slots;
-size_t slots_taken = 0;
-size_t backstop_at = 0;
-
-uint64_t slot_number(uint32_t i) {
-  return kBackstop | (uint64_t{slots[i].generation & 0x7fffffffu} << 32) | i;
-}
-
-uint64_t take_slot() {
-  uint32_t i;
-  if (free_slots.empty()) {
-    i = static_cast<uint32_t>(slots.size());
-    slots.emplace_back();
-  } else {
-    i = free_slots.back();
-    free_slots.pop_back();
-  }
-  slots[i].taken = true;
-  slots_taken++;
-  return slot_number(i);
-}
-
 using Weak = c10::weak_intrusive_ptr<c10::StorageImpl>;
-
-// Lets go of the slot `number` names, if it still does; its weak reference goes to `dropped`,
-// to be let go once `watch_mutex` is released (the last reference to a storage deletes it).
-void let_go(uint64_t number, std::vector<Weak>& dropped) {
-  if ((number & kBackstop) == 0) return;
-  const auto i = static_cast<uint32_t>(number);
-  if (i >= slots.size() || !slots[i].taken || slot_number(i) != number) return;
-  auto& slot = slots[i];
-  if (slot.storage.has_value()) dropped.push_back(std::move(*slot.storage));
-  slot.storage.reset();
-  slot.taken = false;
-  slot.generation++;
-  free_slots.push_back(i);
-  slots_taken--;
-}
 
 // Tells the storages watched that are gone (their data freed): before an operator begins and
 // before one's outputs are recorded, so that a free comes before what is allocated after it.
-// `all`: every storage watched and every backstop slot (when tracking ends), else the next
-// kSweepBatch watched storages, and with `backstop` the next backstop slot taken. `outs` (with
-// their `impls`): the outputs of an operator about to be recorded; each reported one takes a
-// backstop slot holding a weak reference to its storage, under the same lock, so that an
-// operator's end takes the lock once.
-void sweep(const Table* t, bool all, bool backstop, std::vector<Output>* outs = nullptr,
-           const std::vector<c10::StorageImpl*>* impls = nullptr) {
-  bool reported = false;
-  if (outs != nullptr) {
-    for (const auto& o : *outs) reported = reported || o.reported != 0;
-  }
-  if (!reported && watched.load(std::memory_order_relaxed) == 0 &&
-      (!backstop || backstopped.load(std::memory_order_relaxed) == 0)) {
-    return;
-  }
+// `all`: every storage watched (when tracking ends), else the next kSweepBatch.
+void sweep(const Table* t, bool all) {
+  if (watched.load(std::memory_order_relaxed) == 0) return;
   std::vector<std::pair<uint64_t, uint64_t>> gone;
+  // Let go of once `watch_mutex` is released (a weak reference can be the last of a storage's
+  // references, whose release deletes it).
   std::vector<Weak> dropped;
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
-    // The backstop: every slot when tracking ends, else the next one taken (the scan over free
-    // slots bounded).
-    const size_t looks = all ? slots.size() : backstop ? std::min<size_t>(slots.size(), 8) : 0;
-    for (size_t k = 0, found = 0; k < looks && (all || found < 1); k++) {
-      if (backstop_at >= slots.size()) backstop_at = 0;
-      auto& slot = slots[backstop_at];
-      const auto i = static_cast<uint32_t>(backstop_at++);
-      if (!slot.taken || !slot.storage.has_value()) continue;
-      found++;
-      if (slot.storage->expired()) {
-        gone.emplace_back(slot.key, slot_number(i));
-        let_go(slot_number(i), dropped);
-      }
-    }
-    if (outs != nullptr) {
-      for (size_t i = 0; i < outs->size(); i++) {
-        auto& o = (*outs)[i];
-        if (o.reported == 0) continue;
-        o.watch = take_slot();
-        // Alive until the operator's end returns (`fn.outputs()` holds it).
-        auto strong =
-            c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning((*impls)[i]);
-        auto& slot = slots[static_cast<uint32_t>(o.watch)];
-        slot.storage.emplace(Weak(strong));
-        slot.key = o.key;
-      }
-    }
-    backstopped.store(slots_taken, std::memory_order_relaxed);
     const size_t todo = all ? watches.size() : std::min(watches.size(), kSweepBatch);
     for (size_t k = 0; k < todo && !watches.empty(); k++) {
       if (sweep_at >= watches.size()) sweep_at = 0;
@@ -259,62 +169,128 @@ std::atomic<bool> forked{false};
 
 void in_child() { forked.store(true, std::memory_order_relaxed); }
 
-std::atomic<uint64_t> shadowed{0};
+// Frees in flight through the observer's deleter: `poolsight_observer_remove` waits for them
+// before the table (and the recording behind it) may go.
+std::atomic<uint32_t> telling{0};
 
-// The allocator's reports on the threads that track: a profiler state that is not a profiler
-// (disabled, `ActiveProfilerType::NONE`), so PyTorch's checks and a profiler started inside
-// read it as none; while such a profiler runs, its own state hides this one.
-struct Reporter final : torch::profiler::impl::ProfilerStateBase {
-  Reporter()
+// A free of a storage recorded (the observer's deleter, any thread): told before the block
+// goes back, so that a block the allocator gives out again at that address is recorded after.
+void tell_free(void* data) {
+  if (forked.load(std::memory_order_relaxed)) return;
+  telling.fetch_add(1);
+  if (const Table* t = table.load()) {
+    t->freed(t->ctx, reinterpret_cast<uint64_t>(data), 0, 0);
+  }
+  telling.fetch_sub(1);
+}
+
+// The observer's deleters: slot i tells the free, then calls the allocator's deleter it took
+// the place of (`originals[i]`). A few allocators' deleters are met in a process (the CPU's, the
+// CUDA caching allocator's, pinned memory's); past kDeleters distinct ones, a storage is watched
+// instead. A slot, once given, is never given to another deleter: storages that carry it may
+// outlive every recording.
+constexpr size_t kDeleters = 16;
+std::atomic<c10::DeleterFnPtr> originals[kDeleters];
+std::mutex originals_mutex;
+
+template <size_t I>
+void deleter(void* ctx) {
+  tell_free(ctx);
+  originals[I].load(std::memory_order_acquire)(ctx);
+}
+
+template <size_t... I>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(I)> make_deleters(std::index_sequence<I...>) {
+  return {&deleter<I>...};
+}
+constexpr auto deleters = make_deleters(std::make_index_sequence<kDeleters>{});
+
+// Whether `d` is one of the observer's deleters.
+bool is_ours(c10::DeleterFnPtr d) {
+  for (auto ours : deleters) {
+    if (ours == d) return true;
+  }
+  return false;
+}
+
+// The slot whose deleter stands in front of `d`, given it now if none does (-1: all taken).
+int slot_of(c10::DeleterFnPtr d) {
+  for (size_t i = 0; i < kDeleters; i++) {
+    const auto o = originals[i].load(std::memory_order_acquire);
+    if (o == d) return static_cast<int>(i);
+    if (o == nullptr) break;
+  }
+  std::lock_guard<std::mutex> guard(originals_mutex);
+  for (size_t i = 0; i < kDeleters; i++) {
+    const auto o = originals[i].load(std::memory_order_acquire);
+    if (o == d) return static_cast<int>(i);
+    if (o == nullptr) {
+      originals[i].store(d, std::memory_order_release);
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// Puts the observer's deleter in front of storage `impl`'s: the slot swapped in (-1: none, as
+// its deleter already is the observer's or cannot be swapped). `reported` says whether its free
+// will be told by a deleter of the observer's.
+int tell_frees_of(c10::StorageImpl* impl, uint32_t& reported) {
+  auto& data = impl->_mutable_data_ptr_no_checks();
+  reported = 0;
+  // The deleter is given the context, and its free is told by the data's address: only where
+  // they are the same (the CPU and CUDA caching allocators').
+  if (data.get() == nullptr || data.get_context() != data.get()) return -1;
+  const auto d = data.get_deleter();
+  if (d == nullptr) return -1;
+  if (is_ours(d)) {
+    reported = 1;
+    return -1;
+  }
+  const int i = slot_of(d);
+  if (i < 0 || !data.compare_exchange_deleter(d, deleters[static_cast<size_t>(i)])) return -1;
+  reported = 1;
+  return i;
+}
+
+// Takes back what `tell_frees_of` swapped in (`op_end` did not record the storage).
+void untell_frees_of(c10::StorageImpl* impl, int slot) {
+  auto& data = impl->_mutable_data_ptr_no_checks();
+  const auto i = static_cast<size_t>(slot);
+  (void)data.compare_exchange_deleter(deleters[i], originals[i].load(std::memory_order_acquire));
+}
+
+// The mark of the threads that track: a profiler state that is not a profiler (disabled,
+// `ActiveProfilerType::NONE`) and reports no memory, so PyTorch's checks and a profiler started
+// inside read it as none; while such a profiler runs, its own state hides this one.
+struct Marker final : torch::profiler::impl::ProfilerStateBase {
+  Marker()
       : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(
-            torch::profiler::impl::ProfilerState::Disabled, false, true)) {}
+            torch::profiler::impl::ProfilerState::Disabled, false, false)) {}
 
-  bool memoryProfilingEnabled() const override {
-    return active.load(std::memory_order_relaxed) && !forked.load(std::memory_order_relaxed);
-  }
+  bool memoryProfilingEnabled() const override { return false; }
 
-  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device)
-      override {
-    if (!active.load(std::memory_order_relaxed) || forked.load(std::memory_order_relaxed)) return;
-    if (alloc_size >= 0) {
-      if (alloc_size > 0 && local.inside > 0) {
-        local.fresh.push_back(reinterpret_cast<uint64_t>(ptr));
-      }
-      return;
-    }
-    const Table* t = table.load(std::memory_order_acquire);
-    if (t == nullptr) return;
-    const uint64_t number = t->freed(t->ctx, reinterpret_cast<uint64_t>(ptr),
-                                     static_cast<int32_t>(device.type()), device.index());
-    if ((number & kBackstop) != 0) {
-      std::vector<Weak> dropped;
-      std::lock_guard<std::mutex> guard(watch_mutex);
-      let_go(number, dropped);
-      backstopped.store(slots_taken, std::memory_order_relaxed);
-    }
-  }
+  void reportMemoryUsage(void*, int64_t, size_t, size_t, c10::Device) override {}
 
   torch::profiler::impl::ActiveProfilerType profilerType() override {
     return torch::profiler::impl::ActiveProfilerType::NONE;
   }
-
-  std::atomic<bool> active{true};
 };
 
-std::shared_ptr<Reporter> reporter;
+std::shared_ptr<Marker> marker;
 
-// This thread's reporter is off its debug info while a profiler runs (see `pause`).
+// This thread's marker is off its debug info while a profiler runs (see `pause`).
 thread_local bool paused = false;
 // This thread entered (see `poolsight_observer_enter`).
 thread_local bool tracks = false;
-// Threads whose reporter stepped aside for a profiler.
+// Threads whose marker stepped aside for a profiler.
 std::atomic<uint32_t> pauses{0};
 
-// Takes the reporter off this thread's debug info when it is the last pushed; whether it was.
-bool pop_reporter() {
+// Takes the marker off this thread's debug info when it is the last pushed; whether it was.
+bool pop_marker() {
   try {
-    if (reporter && c10::ThreadLocalDebugInfo::_peek(c10::DebugInfoKind::PROFILER_STATE).get() ==
-                        reporter.get()) {
+    if (marker && c10::ThreadLocalDebugInfo::_peek(c10::DebugInfoKind::PROFILER_STATE).get() ==
+                      marker.get()) {
       c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
       return true;
     }
@@ -351,20 +327,19 @@ OpKind learn(const at::RecordFunction& fn) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   const Table* t = table.load(std::memory_order_acquire);
   if (t == nullptr || forked.load(std::memory_order_relaxed)) return nullptr;
+  auto& here = local;
+  if (here.inside > 0) {
+    // Inside the operator the mode sees (this thread tracks): its kernel's own.
+    here.inside++;
+    return nullptr;
+  }
   auto* state = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
-  if (state != reporter.get()) {
+  if (state != marker.get()) {
     // Not a thread that tracks, unless it entered, or works for one that did, while a profiler
-    // started inside track() holds its state (and hides the allocator's reports from it).
+    // started inside track() holds its state.
     if (!tracks && (state == nullptr || pauses.load(std::memory_order_relaxed) == 0)) {
       return nullptr;
     }
-    shadowed.fetch_add(1, std::memory_order_relaxed);
-  }
-  auto& here = local;
-  if (here.inside > 0) {
-    // Inside the operator the mode sees: its kernel's own.
-    here.inside++;
-    return nullptr;
   }
   const char* name = fn.name();
   auto it = here.kinds.find(name);
@@ -376,10 +351,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     it = here.kinds.emplace(name, learn(fn)).first;
   }
   if (it->second.composite) return nullptr;
-  // The watched storages only: the backstop is looked at once per operator, at its end.
-  sweep(t, false, false);
+  // The frees of watched storages found since the last operator, before this one begins.
+  sweep(t, false);
   here.inside = 1;
-  here.fresh.clear();
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   int64_t node = -1;
   if (in_backward) {
@@ -418,6 +392,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // The storages of the outputs (alive through `fn.outputs()` until this returns).
   std::vector<c10::StorageImpl*> impls;
   impls.swap(here.impls);
+  std::vector<int> swapped;
+  swapped.swap(here.swapped);
   if (!raised) {
     for (const auto& v : fn.outputs()) {
       auto add = [&](const at::Tensor& x) {
@@ -426,11 +402,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         auto* impl = st.unsafeGetStorageImpl();
         if (impl == nullptr || st.data() == nullptr) return;
         auto dev = st.device();
-        const auto ptr = reinterpret_cast<uint64_t>(st.data());
-        bool fresh = false;
-        for (auto p : here.fresh) fresh = fresh || p == ptr;
-        outs.push_back({reinterpret_cast<uint64_t>(impl), ptr, static_cast<uint64_t>(st.nbytes()),
-                        static_cast<int32_t>(dev.type()), dev.index(), fresh ? 1u : 0u, 0, 0});
+        uint32_t reported = 0;
+        swapped.push_back(tell_frees_of(impl, reported));
+        outs.push_back({reinterpret_cast<uint64_t>(impl),
+                        reinterpret_cast<uint64_t>(st.data()), static_cast<uint64_t>(st.nbytes()),
+                        static_cast<int32_t>(dev.type()), dev.index(), reported, 0, 0});
         impls.push_back(impl);
       };
       if (v.isTensor()) {
@@ -444,56 +420,36 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       }
     }
   }
-  // The frees found since the last operator first; the reported outputs take their slots.
-  sweep(t, false, true, &outs, &impls);
+  // The frees found since the last operator first.
+  sweep(t, false);
   t->op_end(t->ctx, handle, outs.data(), outs.size(), raised ? 1 : 0);
-  // What `op_end` decided, under the lock again only when there is something to keep or let
-  // go: a reported output it did not record (seen before), or one recorded that the
-  // allocator will not report (watched from now on).
+  // What `op_end` decided: a deleter swapped in for a storage it did not record (seen before)
+  // is taken back, and one recorded whose free no deleter tells is watched from now on (under
+  // the lock only then).
   bool any = false;
-  for (const auto& o : outs) {
-    any = any || (o.reported != 0 && o.recorded == 0) || (o.reported == 0 && o.watch != 0);
+  for (size_t i = 0; i < outs.size(); i++) {
+    const auto& o = outs[i];
+    if (o.recorded == 0 && swapped[i] >= 0) untell_frees_of(impls[i], swapped[i]);
+    any = any || (o.reported == 0 && o.watch != 0);
   }
   if (any) {
-    std::vector<Weak> dropped;
     std::lock_guard<std::mutex> guard(watch_mutex);
     for (size_t i = 0; i < outs.size(); i++) {
       const auto& o = outs[i];
-      if (o.watch == 0) continue;
-      if (o.reported != 0) {
-        // Seen before (an in-place operator's output): its slot is let go.
-        if (o.recorded == 0) let_go(o.watch, dropped);
-        continue;
-      }
-      // Recorded (`op_end` numbers only what it records) and not reported: watched.
+      // Recorded (`op_end` numbers only what it records) and told by no deleter: watched.
+      if (o.watch == 0 || o.reported != 0) continue;
       auto strong =
           c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
       watches.push_back({Weak(strong), o.key, o.watch});
     }
     watched.store(watches.size(), std::memory_order_relaxed);
-    backstopped.store(slots_taken, std::memory_order_relaxed);
   }
   outs.clear();
   impls.clear();
+  swapped.clear();
   here.outs.swap(outs);
   here.impls.swap(impls);
-}
-
-// PyTorch's CPU allocator warns, at the first free of a block it has no size for while memory
-// is reported (and at every 1,000th after it), that the block "was allocated before the
-// profiling started": under `track()` that is data made before tracking, which the observer
-// handles (see `Watch`), and the warning names a profiler the user never started. Its count
-// is taken past that first warning once per process, with the warning held back: a free of an
-// address the allocator never gave (nothing is freed; only its count and the log see it).
-void quiet_cpu_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    const int level = FLAGS_caffe2_log_level;
-    FLAGS_caffe2_log_level = std::max(level, 2);  // errors only, for this one call
-    static char never_allocated;
-    c10::profiledCPUMemoryReporter().Delete(&never_allocated);
-    FLAGS_caffe2_log_level = level;
-  });
+  here.swapped.swap(swapped);
 }
 
 }  // namespace
@@ -513,47 +469,41 @@ int poolsight_observer_install(const Table* t) {
   if (!table.compare_exchange_strong(none, t)) return 1;
   // A forked child's own recording (none of its parent's was installed when it forked).
   forked.store(false, std::memory_order_relaxed);
-  shadowed.store(0);
   return 0;
 }
 
-// Stops calling the table; returns the operator calls seen while a profiler's own state hid
-// the allocator's reports.
-uint64_t poolsight_observer_remove() {
+// Stops calling the table, once the frees being told through it are told.
+void poolsight_observer_remove() {
   if (forked.load(std::memory_order_relaxed)) {
     // A forked child leaving track(): its copies of the watches are the parent's to tell.
-    table.store(nullptr, std::memory_order_release);
-    return 0;
+    table.store(nullptr);
+    return;
   }
   // The storages watched that are gone by now are freed in the trace; the rest were live when
   // tracking ended.
-  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true, true);
-  table.store(nullptr, std::memory_order_release);
+  if (const Table* t = table.load(std::memory_order_acquire)) sweep(t, true);
+  table.store(nullptr);
+  // A deleter that read the table before it went is telling a free through it: the recording
+  // behind it stays until that is done (a free is told without the interpreter, so this waits
+  // on nothing the caller holds).
+  while (telling.load() != 0) std::this_thread::yield();
   // Let go of after the lock is (the last reference to a storage deletes it).
   std::vector<Watch> old_watches;
-  std::vector<Slot> old_slots;
   {
     std::lock_guard<std::mutex> guard(watch_mutex);
     old_watches.swap(watches);
     watched.store(0);
     sweep_at = 0;
-    old_slots.swap(slots);
-    free_slots.clear();
-    slots_taken = 0;
-    backstop_at = 0;
-    backstopped.store(0);
   }
-  return shadowed.exchange(0);
 }
 
-// On the thread that tracks: the operator callback and the allocator's reports on (they reach
-// autograd's threads from it). Returns 0, or 1 when a profiler is running on this thread.
+// On the thread that tracks: the operator callback on, and the mark of a thread that tracks
+// (it reaches autograd's threads from this one). Returns 0, or 1 when a profiler is running
+// on this thread.
 int poolsight_observer_enter() {
   if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr) return 1;
-  if (!reporter) reporter = std::make_shared<Reporter>();
-  reporter->active.store(true);
-  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
-  quiet_cpu_allocator();
+  if (!marker) marker = std::make_shared<Marker>();
+  c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, marker);
   tracks = true;
   handle = at::addGlobalCallback(
       at::RecordFunctionCallback(on_start, on_end)
@@ -562,41 +512,41 @@ int poolsight_observer_enter() {
   return 0;
 }
 
-// Undoes `poolsight_observer_enter` on the same thread. The reporter comes off the thread's
+// Undoes `poolsight_observer_enter` on the same thread. The marker comes off the thread's
 // debug info when it is the last pushed; else (something pushed after it and still there) it
-// stays, inactive.
+// stays, and marks nothing once the table is removed.
 void poolsight_observer_exit() {
   if (handle != 0) {
     at::removeCallback(handle);
     handle = 0;
   }
   tracks = false;
-  if (!reporter) return;
-  reporter->active.store(false);
+  if (!marker) return;
   if (paused) {
     pauses.fetch_sub(1);
   } else {
-    pop_reporter();
+    pop_marker();
   }
   paused = false;
 }
 
 // A profiler is about to start on this thread (PyTorch refuses to start one over another
-// profiler state): the reporter steps aside, and the allocator reports to the profiler.
+// profiler state): the marker steps aside, and the threads that track are known by `tracks`
+// and `pauses` until it is back.
 void poolsight_observer_pause() {
-  if (!paused && pop_reporter()) {
+  if (!paused && pop_marker()) {
     paused = true;
     pauses.fetch_add(1);
   }
 }
 
-// The profiler has stopped: the reporter is back.
+// The profiler has stopped: the marker is back.
 void poolsight_observer_resume() {
   if (!paused) return;
   paused = false;
   pauses.fetch_sub(1);
-  if (reporter && c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr) {
-    c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
+  if (marker && c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr) {
+    c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, marker);
   }
 }
 

@@ -1,6 +1,6 @@
 //! The native observer's side of `TorchState`: the functions `poolsight._native_observer`
 //! (C++, compiled against the installed PyTorch) calls for every operator the dispatch mode
-//! would see and every free the allocator reports, without the interpreter. The rules are
+//! would see and every free its deleters tell, without the interpreter. The rules are
 //! `dispatch`'s and `outputs`' (the parent module's); what differs is where the facts come
 //! from: the operator's name and whether it is a view from PyTorch's dispatcher, whether it
 //! runs in backward and the autograd node running from autograd's thread-local state, the
@@ -21,7 +21,7 @@ use poolsight_recorder::{Phase, ScopeToken};
 use super::{lock, Map, OpInfo, Seen, TorchState};
 
 /// The table's layout, as `observer.cpp` reads it (`Table`).
-pub(super) const TABLE_VERSION: u32 = 3;
+pub(super) const TABLE_VERSION: u32 = 4;
 
 #[repr(C)]
 pub(super) struct NativeTable {
@@ -43,14 +43,13 @@ pub(super) struct NativeOutput {
     bytes: u64,
     device_type: i32,
     device_index: i32,
-    /// 1: its block was allocated inside the operator, so the allocator reports its free (on
-    /// a thread that tracks).
+    /// 1: its free will be told by the observer's deleter, which it put in front of the
+    /// allocator's (`freed`, on whichever thread lets the storage go).
     reported: u32,
     /// Set here (1) for a storage recorded.
     recorded: u32,
-    /// The number the observer gives back to `unwatched` when the storage is gone: for a
-    /// reported one, its backstop slot's (set by the observer, for a free on another thread,
-    /// which the allocator does not report here); else set here for a storage recorded.
+    /// The number the observer gives back to `unwatched` when the storage is gone: set here
+    /// for a storage recorded whose free no deleter of the observer's tells (it watches it).
     watch: u64,
 }
 
@@ -191,7 +190,7 @@ impl TorchState {
         weakref: Option<(usize, Py<PyAny>)>,
     ) {
         // A block at this address recorded before, whose free nothing told (not expected:
-        // every block is watched or reported), is gone now.
+        // every block is watched or told by a deleter), is gone now.
         let stale = {
             let mut storages = lock(&self.storages);
             match storages.by_ptr.insert(ptr, key) {
@@ -328,7 +327,8 @@ impl TorchState {
         }
     }
 
-    /// A reported free; returns the number the storage was watched by (0: none).
+    /// A free told by the observer's deleter; returns the number the storage was watched by
+    /// (0: none; the observer does not use it).
     fn native_freed(&self, ptr: u64) -> u64 {
         let entry = {
             let mut storages = lock(&self.storages);

@@ -2,7 +2,7 @@
 //! native observer's through `native.rs`): each recorded once, under the stack of where it was
 //! made and its category's label; a storage seen again under another category (a parameter,
 //! its gradient, what an optimizer step keeps) relabelled; its free recorded by a weakref's
-//! callback ([`Gone`]) or, under the native observer, by the allocator's report.
+//! callback ([`Gone`]) or, under the native observer, by its deleter (`observer.cpp`).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, Weak};
