@@ -110,7 +110,7 @@ struct PerThread {
 };
 thread_local PerThread local;
 
-// Storages recorded whose frees the allocator will not report, until they are gone.
+// Storages recorded whose frees no deleter of the observer's tells, until they are gone.
 struct Watch {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   uint64_t key;
