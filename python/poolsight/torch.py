@@ -682,10 +682,10 @@ def track(
     ``backend`` says what sees every operator: ``"native"``, PyTorch's own C++ callbacks
     (``RecordFunction`` for operators; for frees, a deleter of its own in front of each recorded
     storage's), compiled against the installed PyTorch on first use and cached (see
-    docs/python.md); ``"python"``, a
-    ``TorchDispatchMode``; ``"auto"`` (the default), the native one where it can be had, else
-    the Python one with one line on stderr saying why (no compiler, a failed build, a profiler
-    running, ``stacks="python"``). ``"native"`` raises where it cannot be had."""
+    docs/python.md); ``"python"``, a ``TorchDispatchMode``; ``"auto"`` (the default), the
+    native one where it can be had, else the Python one with one line on stderr saying why (no
+    compiler, a failed build, a profiler running, ``stacks="python"``). ``"native"`` raises
+    where it cannot be had."""
     _check_backend(backend)
     rec = _recording(recorder)
     if model is not None and not isinstance(model, torch.nn.Module):

@@ -106,8 +106,8 @@ struct Seen {
     device: u32,
     /// The stack a relabelling records it under (without its category).
     base: u32,
-    /// The number the native observer watches it by (0: not watched): a storage it records
-    /// whose free none of its deleters tells (see `native.rs`).
+    /// The number the native observer gave it (0: not its): it tells by this number the free
+    /// of a storage it watches, one whose free none of its deleters can tell (see `native.rs`).
     watch: u64,
     /// The weakref whose callback records its free (kept alive here); None for an operator's
     /// output under the native observer (its deleter tells the free, or it is watched).

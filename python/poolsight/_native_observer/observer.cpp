@@ -59,13 +59,10 @@ struct Output {
   uint64_t bytes;
   int32_t device_type;
   int32_t device_index;
-  // 1: its free will be told by the observer's deleter (set before `op_end`, and taken back
-  // when `op_end` does not record it).
-  uint32_t reported;
   // Set by `op_end` (1) for a storage it recorded.
   uint32_t recorded;
-  // The number `unwatched` gives back when the storage is gone: set by `op_end` (nonzero) for a
-  // storage it recorded whose free no deleter tells.
+  // Set by `op_end` (nonzero) for a storage it recorded: the number `unwatched` gives back when
+  // the storage is gone, if it is watched (no deleter of the observer's can tell its free).
   uint64_t watch;
 };
 
@@ -77,8 +74,8 @@ struct Table {
   uint32_t (*op_begin)(void* ctx, const char* name, uint32_t view, uint32_t in_backward,
                        int64_t node_sequence);
   void (*op_end)(void* ctx, uint32_t handle, Output* outputs, size_t n, uint32_t raised);
-  // A free told by the observer's deleter (the return value is not used).
-  uint64_t (*freed)(void* ctx, uint64_t ptr, int32_t device_type, int32_t device_index);
+  // A free told by the observer's deleter: the block at `ptr`.
+  void (*freed)(void* ctx, uint64_t ptr);
   // A watched storage (see `Output::watch`) is gone.
   void (*unwatched)(void* ctx, uint64_t key, uint64_t watch);
 };
@@ -105,8 +102,6 @@ struct PerThread {
   // its own).
   std::vector<Output> outs;
   std::vector<c10::StorageImpl*> impls;
-  // For each output, the deleter slot swapped in before `op_end` (-1: none swapped).
-  std::vector<int> swapped;
 };
 thread_local PerThread local;
 
@@ -179,7 +174,7 @@ void tell_free(void* data) {
   if (forked.load(std::memory_order_relaxed)) return;
   telling.fetch_add(1);
   if (const Table* t = table.load()) {
-    t->freed(t->ctx, reinterpret_cast<uint64_t>(data), 0, 0);
+    t->freed(t->ctx, reinterpret_cast<uint64_t>(data));
   }
   telling.fetch_sub(1);
 }
@@ -232,32 +227,18 @@ int slot_of(c10::DeleterFnPtr d) {
   return -1;
 }
 
-// Puts the observer's deleter in front of storage `impl`'s: the slot swapped in (-1: none, as
-// its deleter already is the observer's or cannot be swapped). `reported` says whether its free
-// will be told by a deleter of the observer's.
-int tell_frees_of(c10::StorageImpl* impl, uint32_t& reported) {
+// Puts the observer's deleter in front of storage `impl`'s (recorded): whether its free will be
+// told by one of the observer's (false: it is to be watched).
+bool tell_frees_of(c10::StorageImpl* impl) {
   auto& data = impl->_mutable_data_ptr_no_checks();
-  reported = 0;
   // The deleter is given the context, and its free is told by the data's address: only where
   // they are the same (the CPU and CUDA caching allocators').
-  if (data.get() == nullptr || data.get_context() != data.get()) return -1;
+  if (data.get() == nullptr || data.get_context() != data.get()) return false;
   const auto d = data.get_deleter();
-  if (d == nullptr) return -1;
-  if (is_ours(d)) {
-    reported = 1;
-    return -1;
-  }
+  if (d == nullptr) return false;
+  if (is_ours(d)) return true;
   const int i = slot_of(d);
-  if (i < 0 || !data.compare_exchange_deleter(d, deleters[static_cast<size_t>(i)])) return -1;
-  reported = 1;
-  return i;
-}
-
-// Takes back what `tell_frees_of` swapped in (`op_end` did not record the storage).
-void untell_frees_of(c10::StorageImpl* impl, int slot) {
-  auto& data = impl->_mutable_data_ptr_no_checks();
-  const auto i = static_cast<size_t>(slot);
-  (void)data.compare_exchange_deleter(deleters[i], originals[i].load(std::memory_order_acquire));
+  return i >= 0 && data.compare_exchange_deleter(d, deleters[static_cast<size_t>(i)]);
 }
 
 // The mark of the threads that track: a profiler state that is not a profiler (disabled,
@@ -392,8 +373,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // The storages of the outputs (alive through `fn.outputs()` until this returns).
   std::vector<c10::StorageImpl*> impls;
   impls.swap(here.impls);
-  std::vector<int> swapped;
-  swapped.swap(here.swapped);
   if (!raised) {
     for (const auto& v : fn.outputs()) {
       auto add = [&](const at::Tensor& x) {
@@ -402,11 +381,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         auto* impl = st.unsafeGetStorageImpl();
         if (impl == nullptr || st.data() == nullptr) return;
         auto dev = st.device();
-        uint32_t reported = 0;
-        swapped.push_back(tell_frees_of(impl, reported));
         outs.push_back({reinterpret_cast<uint64_t>(impl),
                         reinterpret_cast<uint64_t>(st.data()), static_cast<uint64_t>(st.nbytes()),
-                        static_cast<int32_t>(dev.type()), dev.index(), reported, 0, 0});
+                        static_cast<int32_t>(dev.type()), dev.index(), 0, 0});
         impls.push_back(impl);
       };
       if (v.isTensor()) {
@@ -423,21 +400,23 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   // The frees found since the last operator first.
   sweep(t, false);
   t->op_end(t->ctx, handle, outs.data(), outs.size(), raised ? 1 : 0);
-  // What `op_end` decided: a deleter swapped in for a storage it did not record (seen before)
-  // is taken back, and one recorded whose free no deleter tells is watched from now on (under
-  // the lock only then).
+  // Each storage `op_end` recorded gets the observer's deleter (its `watch` cleared here: not
+  // watched); one that cannot is watched from now on (under the lock only then).
   bool any = false;
   for (size_t i = 0; i < outs.size(); i++) {
-    const auto& o = outs[i];
-    if (o.recorded == 0 && swapped[i] >= 0) untell_frees_of(impls[i], swapped[i]);
-    any = any || (o.reported == 0 && o.watch != 0);
+    auto& o = outs[i];
+    if (o.recorded == 0) continue;
+    if (tell_frees_of(impls[i])) {
+      o.watch = 0;
+    } else {
+      any = true;
+    }
   }
   if (any) {
     std::lock_guard<std::mutex> guard(watch_mutex);
     for (size_t i = 0; i < outs.size(); i++) {
       const auto& o = outs[i];
-      // Recorded (`op_end` numbers only what it records) and told by no deleter: watched.
-      if (o.watch == 0 || o.reported != 0) continue;
+      if (o.recorded == 0 || o.watch == 0) continue;
       auto strong =
           c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impls[i]);
       watches.push_back({Weak(strong), o.key, o.watch});
@@ -446,10 +425,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   outs.clear();
   impls.clear();
-  swapped.clear();
   here.outs.swap(outs);
   here.impls.swap(impls);
-  here.swapped.swap(swapped);
 }
 
 }  // namespace

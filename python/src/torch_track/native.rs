@@ -30,7 +30,7 @@ pub(super) struct NativeTable {
     ctx: usize,
     op_begin: extern "C" fn(*const c_void, *const c_char, u32, u32, i64) -> u32,
     op_end: extern "C" fn(*const c_void, u32, *mut NativeOutput, usize, u32),
-    freed: extern "C" fn(*const c_void, u64, i32, i32) -> u64,
+    freed: extern "C" fn(*const c_void, u64),
     unwatched: extern "C" fn(*const c_void, u64, u64),
 }
 
@@ -43,13 +43,11 @@ pub(super) struct NativeOutput {
     bytes: u64,
     device_type: i32,
     device_index: i32,
-    /// 1: its free will be told by the observer's deleter, which it put in front of the
-    /// allocator's (`freed`, on whichever thread lets the storage go).
-    reported: u32,
-    /// Set here (1) for a storage recorded.
+    /// Set here (1) for a storage recorded: the observer then puts its deleter in front of the
+    /// allocator's, which tells the free (`freed`, on whichever thread lets the storage go).
     recorded: u32,
-    /// The number the observer gives back to `unwatched` when the storage is gone: set here
-    /// for a storage recorded whose free no deleter of the observer's tells (it watches it).
+    /// Set here for a storage recorded: the number the observer gives back to `unwatched`
+    /// when the storage is gone, if it watches it (when it cannot put its deleter in front).
     watch: u64,
 }
 
@@ -232,9 +230,7 @@ impl TorchState {
             let cat = *category.get_or_insert_with(|| self.category(op.view, op.in_backward));
             let b = *base.get_or_insert_with(|| self.native_base(op.in_backward, op.node));
             let device = self.native_device(out.device_type, out.device_index);
-            if out.reported == 0 {
-                out.watch = self.watches.fetch_add(1, Relaxed) + 1;
-            }
+            out.watch = self.watches.fetch_add(1, Relaxed) + 1;
             out.recorded = 1;
             self.record_native(
                 out.key,
@@ -327,9 +323,8 @@ impl TorchState {
         }
     }
 
-    /// A free told by the observer's deleter; returns the number the storage was watched by
-    /// (0: none; the observer does not use it).
-    fn native_freed(&self, ptr: u64) -> u64 {
+    /// A free told by the observer's deleter.
+    fn native_freed(&self, ptr: u64) {
         let entry = {
             let mut storages = lock(&self.storages);
             match storages.by_ptr.remove(&ptr) {
@@ -339,12 +334,10 @@ impl TorchState {
                 _ => None,
             }
         };
-        let Some(seen) = entry else {
-            return 0;
-        };
-        self.session()
-            .observed_free(seen.device, seen.ptr, seen.bytes);
-        seen.watch
+        if let Some(seen) = entry {
+            self.session()
+                .observed_free(seen.device, seen.ptr, seen.bytes);
+        }
     }
 
     /// A storage watched since `native_outputs` asked (`watch`) is gone, unless the
@@ -407,10 +400,10 @@ extern "C" fn op_end(
     }));
 }
 
-extern "C" fn freed(ctx: *const c_void, ptr: u64, _device_type: i32, _device_index: i32) -> u64 {
+extern "C" fn freed(ctx: *const c_void, ptr: u64) {
     // SAFETY: see `state`.
     let this = unsafe { state(ctx) };
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr))).unwrap_or(0)
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| this.native_freed(ptr)));
 }
 
 extern "C" fn unwatched(ctx: *const c_void, key: u64, watch: u64) {
