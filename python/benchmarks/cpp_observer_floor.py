@@ -9,7 +9,12 @@ work a recorder's operator scopes and new-storage check need, without writing an
 compiled here against the installed PyTorch (``g++``, C++20, its headers and
 ``libc10``/``libtorch_cpu``), loaded with ``ctypes``, and timed on ``torch_overhead.py``'s model
 and epoch beside the plain epoch, an empty Python mode and ``track()`` + ``hook()``, in a fresh
-order each repeat:
+order each repeat. ``C++ dispatch key`` is the same work fed another way: a boxed fallback
+kernel on a dispatch key below autograd (PyTorch's ``Fake``, which nothing else uses in these
+runs), included in the training thread's dispatch keys while it runs, so that each operator a
+dispatch mode would see passes through it once and nothing else does (not the operators its
+kernel calls, nor the autograd engine's named records, which a ``RecordFunction`` callback of
+operator scope makes PyTorch build):
 
     python python/benchmarks/cpp_observer_floor.py [--repeats 7] [--steps 16] [--seed S]
 
@@ -37,7 +42,10 @@ from torch_overhead import epoch, make, orders, positive, variants  # noqa: E402
 
 SOURCE = r"""
 #include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <optional>
 #include <ATen/core/Tensor.h>
 #include <atomic>
 #include <unordered_set>
@@ -72,7 +80,47 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
   }
 }
+
+// The same work fed by a boxed fallback kernel on a dispatch key below autograd instead: the
+// key is included in the training thread's dispatch keys (PyTorch hands them to autograd's
+// work with the rest of the thread's state), so every operator a dispatch mode would see
+// passes through `on_operator` once, boxed; the operators its kernel calls do not (the key is
+// excluded while it runs), nor does anything else PyTorch wraps in a RecordFunction.
+constexpr auto kKey = c10::DispatchKey::Fake;
+std::optional<c10::RegistrationHandleRAII> fallback;
+std::unordered_set<const void*> key_storages;
+std::atomic<uint64_t> key_operators{0}, key_new_storages{0};
+
+void on_operator(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                 torch::jit::Stack* stack) {
+  const uint64_t start = __rdtsc();
+  {
+    c10::impl::ExcludeDispatchKeyGuard guard(kKey);
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey), stack);
+  }
+  spans.push_back({op.schema().name().c_str(), start, __rdtsc()});
+  key_operators++;
+  for (const auto& v : *stack) {
+    if (!v.isTensor()) continue;
+    const auto& t = v.toTensor();
+    if (t.defined() && t.has_storage() &&
+        key_storages.insert(t.storage().unsafeGetStorageImpl()).second) {
+      key_new_storages++;
+    }
+  }
+}
 }  // namespace
+
+extern "C" void key_observer_install() {
+  if (!fallback) {
+    fallback.emplace(c10::Dispatcher::singleton().registerFallback(
+        kKey, c10::KernelFunction::makeFromBoxedFunction<&on_operator>(), "cpp_observer_floor"));
+  }
+  c10::impl::tls_set_dispatch_key_included(kKey, true);
+}
+extern "C" void key_observer_remove() { c10::impl::tls_set_dispatch_key_included(kKey, false); }
+extern "C" uint64_t key_observer_operators() { return key_operators.load(); }
+extern "C" uint64_t key_observer_new_storages() { return key_new_storages.load(); }
 
 extern "C" void observer_install() {
   handle = at::addGlobalCallback(
@@ -110,6 +158,8 @@ def build(folder: str) -> ctypes.CDLL | None:
     observer = ctypes.CDLL(lib)
     observer.observer_operators.restype = ctypes.c_uint64
     observer.observer_new_storages.restype = ctypes.c_uint64
+    observer.key_observer_operators.restype = ctypes.c_uint64
+    observer.key_observer_new_storages.restype = ctypes.c_uint64
     return observer
 
 
@@ -134,11 +184,21 @@ def main() -> None:
             finally:
                 observer.observer_remove()
 
+        @contextlib.contextmanager
+        def key(model, optimizer):
+            observer.key_observer_install()
+            try:
+                yield
+            finally:
+                observer.key_observer_remove()
+
         table["C++ observer"] = cpp
+        table["C++ dispatch key"] = key
         names = [
             "plain",
             "empty bound",
             "C++ observer",
+            "C++ dispatch key",
             "track+hook (native)",
             "track+hook (python)",
         ]
@@ -164,6 +224,11 @@ def main() -> None:
             f"the C++ observer saw {observer.observer_operators():,} operator calls "
             f"(RecordFunction's: nested and autograd's own included) and "
             f"{observer.observer_new_storages():,} new storages"
+        )
+        print(
+            f"the dispatch-key observer saw {observer.key_observer_operators():,} operator "
+            f"calls (those a dispatch mode sees) and {observer.key_observer_new_storages():,} "
+            "new storages"
         )
 
 

@@ -82,9 +82,22 @@ def test_cpp_observer_floor_runs_or_says_why_not():
     if "C++ observer" not in out:
         assert "no g++" in out or "did not compile" in out, out
         pytest.skip(out.strip().splitlines()[0])
-    for variant in ("plain", "empty bound", "C++ observer", "track+hook (native)"):
+    for variant in (
+        "plain",
+        "empty bound",
+        "C++ observer",
+        "C++ dispatch key",
+        "track+hook (native)",
+    ):
         assert re.search(rf"^{re.escape(variant)}{RATIO * 2}$", out, re.M), out
-    assert re.search(r"saw [\d,]+ operator calls", out), out
+    assert re.search(r"C\+\+ observer saw [\d,]+ operator calls", out), out
+    # The fallback sees each operator a dispatch mode sees once, and none of the nested ones
+    # RecordFunction records: fewer calls than the callback's, and not none.
+    seen = {
+        who: int(n.replace(",", ""))
+        for who, n in re.findall(r"the (C\+\+|dispatch-key) observer saw ([\d,]+)", out)
+    }
+    assert 0 < seen["dispatch-key"] < seen["C++"], out
 
 
 def test_torch_per_op_prints_microseconds_per_operator_for_each_variant():
